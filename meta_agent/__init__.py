@@ -1,0 +1,1 @@
+"""The hierarchy: tasks, episode protocol, PettingZoo env, rollout orchestration, eval, CLI."""

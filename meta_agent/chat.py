@@ -1,0 +1,35 @@
+"""Token-level view of the backbone's chat format, shared by the episode, env and runner."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class ChatFormat:
+    """Wraps a Hugging Face tokenizer with a chat template.
+
+    Episodes are built from token ids, not strings, so what the trainer scores is exactly what was
+    sampled: prompts come from the chat template, observations are encoded once and appended.
+    """
+
+    def __init__(self, tokenizer: Any):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template; use an instruct/chat model folder")
+        self.tokenizer = tokenizer
+
+    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def decode_raw(self, ids: Sequence[int]) -> str:
+        """With special tokens: what the model actually sees, for observations."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -1,0 +1,141 @@
+"""The `meta-agent` command.
+
+    meta-agent solve "A depot holds 48,213 crates ..." [key=value ...]
+    meta-agent eval [eval.tasks=[arith,gsm8k]] [eval.limit=20] [roles=single_agent] [key=value ...]
+
+Overrides are Hydra's (configs/config.yaml lists every key). Each run writes its resolved config
+and its traces (JSON lines) into `run_dir`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from meta_agent.config import load_config
+from meta_agent.evaluate import evaluate
+from meta_agent.runner import play
+from meta_agent.system import build_system
+from meta_agent.tasks import Task, load_tasks
+from meta_agent.trace import TraceWriter, episode_markdown
+
+console = Console()
+
+USAGE = """usage: meta-agent COMMAND [ARGS] [key=value ...]
+
+commands:
+  solve "QUESTION"   play one episode of the hierarchy and print it (plan, tool calls, answer, reflection)
+  eval               evaluate on benchmark tasks; prints accuracy per task, writes traces.jsonl
+  config             print the resolved config
+
+overrides (Hydra): roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
+"""
+
+
+def start_run(cfg: DictConfig, command: str) -> Path:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(
+        f"# meta-agent {command}\n" + OmegaConf.to_yaml(cfg), encoding="utf-8"
+    )
+    return run_dir
+
+
+def cmd_solve(question: str, overrides: list[str]) -> int:
+    cfg = load_config(overrides + [f"question={_quote(question)}"])
+    run_dir = start_run(cfg, "solve")
+    with console.status("loading the backbone"):
+        system = build_system(cfg)
+    task = Task(id="cli/0", question=question, answer="", source="cli")
+    episode = system.factory.new(task)
+    with console.status("thinking"):
+        play([episode], system.backend, system.sampling(), seed=cfg.seed)
+    system.factory.commit_lessons([episode])
+    TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve")
+    system.close()
+    console.print(Markdown(episode_markdown(episode)))
+    console.print(f"\n[bold]answer:[/bold] {episode.final_answer}")
+    console.print(f"trace: {run_dir / 'traces.jsonl'}")
+    return 0
+
+
+def cmd_eval(overrides: list[str]) -> int:
+    cfg = load_config(overrides)
+    run_dir = start_run(cfg, "eval")
+    limit = cfg.eval.limit
+    tasks = {name: load_tasks(name, cfg.eval.split, limit=limit, seed=cfg.seed) for name in cfg.eval.tasks}
+    with console.status("loading the backbone"):
+        system = build_system(cfg)
+    total = sum(len(t) for t in tasks.values())
+    started = time.perf_counter()
+    columns = [TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console) as progress:
+        bar = progress.add_task("eval", total=total)
+        scores = evaluate(
+            system.factory,
+            system.backend,
+            system.sampling(temperature=cfg.eval.temperature),
+            tasks,
+            episodes_per_batch=cfg.eval.episodes_per_batch,
+            seed=cfg.seed,
+            traces=TraceWriter(run_dir / "traces.jsonl"),
+            on_batch=lambda n: progress.advance(bar, n),
+        )
+    system.close()
+    table = Table(title=f"roles: {', '.join(r.name for r in system.roles)}")
+    for col in ("task", "accuracy", "correct", "answered", "tool calls", "tool errors", "leaks", "tokens"):
+        table.add_column(col, justify="right" if col != "task" else "left")
+    for s in scores.values():
+        table.add_row(
+            s.task,
+            f"{s.accuracy:.3f}",
+            f"{s.correct}/{s.total}",
+            str(s.answered),
+            str(s.tool_calls),
+            str(s.tool_errors),
+            str(s.leaks),
+            str(s.generated_tokens),
+        )
+    console.print(table)
+    console.print(f"{total} episodes in {time.perf_counter() - started:.0f} s")
+    console.print(f"traces: {run_dir / 'traces.jsonl'}   config: {run_dir / 'config.yaml'}")
+    return 0
+
+
+def _quote(text: str) -> str:
+    """A Hydra override value that keeps any characters of a free-text question."""
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "solve":
+        if not rest or "=" in rest[0]:
+            print(
+                'meta-agent solve needs the question first: meta-agent solve "What is 12*34?" [key=value ...]'
+            )
+            return 2
+        return cmd_solve(rest[0], rest[1:])
+    if command == "eval":
+        return cmd_eval(rest)
+    if command == "config":
+        print(OmegaConf.to_yaml(load_config(rest)))
+        return 0
+    print(f"unknown command {command!r}\n\n{USAGE}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

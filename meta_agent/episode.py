@@ -1,0 +1,367 @@
+"""One episode of the hierarchy as a token-level state machine (DESIGN.md, "One episode").
+
+plan (meta-thinker) -> execute (each executor in order, with tool calls) -> reflect (meta-thinker)
+-> finish, or revise and execute again, up to `max_rounds`. Without a meta-thinker the episode is
+the executors alone: the single-agent baseline runs through this same code.
+
+The episode never generates: it says who acts next and on which prompt (`request`), and takes the
+sampled tokens back (`advance`). The batched runner and the PettingZoo env both drive it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from memory.types import MemoryHit
+from meta_agent.chat import ChatFormat
+from meta_agent.tasks import Task
+from roles import (
+    EXECUTOR,
+    META_THINKER,
+    Outcome,
+    RoleSpec,
+    parse_executor,
+    parse_plan,
+    parse_reflection,
+    role_reward,
+    states_answer,
+)
+from roles.spec import check_roles
+from tools.registry import ToolRegistry, parse_tool_call
+from tools.types import BAD_CALL, ToolResult
+
+PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
+WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_rounds: int = 2  # plan/execute/reflect rounds; a revision starts the next round
+    max_turns: int = 8  # role turns in the whole episode
+    max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
+    max_tool_calls: int = 4  # per executor turn
+
+    def __post_init__(self) -> None:
+        for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):
+            if getattr(self, name) < (0 if name == "max_tool_calls" else 1):
+                raise ValueError(f"protocol.{name}={getattr(self, name)} is out of range")
+
+
+@dataclass(frozen=True)
+class Request:
+    """The next generation the episode needs."""
+
+    role: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    stop: tuple[str, ...]
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # the raw call body, as the model wrote it
+    output: str
+    ok: bool
+    error: str | None
+
+
+@dataclass
+class TurnRecord:
+    """One role turn while it is being played; tool results sit in the completion with mask 0."""
+
+    role: str
+    kind: str  # plan | execute | reflect
+    round: int
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""  # completion text including observations, as shown in traces
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    answer: str | None = None
+    format_ok: bool = False
+    reward: float = 0.0
+    advantage: float | None = None  # filled in by the trainer
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.mask)
+
+
+class Episode:
+    def __init__(
+        self,
+        task: Task,
+        roles: Sequence[RoleSpec],
+        chat: ChatFormat,
+        registry: ToolRegistry,
+        grade: Callable[[str, str], bool],
+        limits: Limits = Limits(),
+        memories: Sequence[MemoryHit] = (),
+    ):
+        check_roles(list(roles))
+        self.task = task
+        self.roles = {r.name: r for r in roles}
+        self.meta = next((r for r in roles if r.kind == META_THINKER), None)
+        self.executors = [r for r in roles if r.kind == EXECUTOR]
+        self.chat = chat
+        self.registry = registry
+        self.grade = grade
+        self.limits = limits
+        self.memories = list(memories)
+        self.turns: list[TurnRecord] = []
+        self.round = 0
+        self.plan: str | None = None
+        self.final_answer: str | None = None
+        self.correct = False
+        self.truncated = False
+        self.lesson: str | None = None
+        self.rewards: dict[str, float] = {}
+        self._executor_index = 0
+        self._tokens_used = 0
+        self._segment_start = 0  # index in the current turn's text where the live segment starts
+        self.done = False
+        self._start_turn(PLAN if self.meta else EXECUTE)
+
+    # ---- who acts, on what -------------------------------------------------------------------
+
+    @property
+    def current(self) -> TurnRecord | None:
+        return None if self.done else self.turns[-1]
+
+    @property
+    def current_role(self) -> str | None:
+        return None if self.done else self.turns[-1].role
+
+    def request(self) -> Request:
+        turn = self.turns[-1]
+        role = self.roles[turn.role]
+        grammar = role.grammar
+        stop = {
+            PLAN: grammar.plan_stops(),
+            EXECUTE: grammar.executor_stops(),
+            REFLECT: grammar.reflect_stops(),
+        }
+        budget = self.limits.max_new_tokens - self._tokens_used
+        return Request(
+            role=turn.role,
+            prompt_ids=tuple(turn.prompt_ids + turn.completion_ids),
+            max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
+            stop=stop[turn.kind],
+        )
+
+    def observation(self) -> str:
+        """The text the acting role sees now: its prompt and its own turn so far."""
+        return self.chat.decode_raw(self.request().prompt_ids)
+
+    # ---- taking a generated segment ----------------------------------------------------------
+
+    def advance(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], text: str, finish_reason: str
+    ) -> None:
+        """Append one generated segment to the current turn and move the protocol on."""
+        if self.done:
+            raise RuntimeError("advance() on a finished episode")
+        turn = self.turns[-1]
+        turn.completion_ids += list(token_ids)
+        turn.mask += [1] * len(token_ids)
+        turn.logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
+        turn.text += text
+        self._tokens_used += len(token_ids)
+        out_of_budget = self._tokens_used >= self.limits.max_new_tokens
+        final = finish_reason != "stop" or out_of_budget
+        if turn.kind == EXECUTE:
+            self._advance_executor(turn, final=final, out_of_budget=out_of_budget)
+        elif turn.kind == PLAN:
+            turn.answer = None
+            self.plan, turn.format_ok = parse_plan(turn.text, self.roles[turn.role].grammar)
+            self._after_turn(out_of_budget)
+        else:
+            self._after_reflection(turn, out_of_budget)
+
+    def advance_text(self, text: str) -> None:
+        """Advance with a text action (the PettingZoo env): tokenised, no rollout logprobs."""
+        stops = self.request().stop
+        ids = self.chat.encode(text)
+        reason = "stop" if any(text.rstrip().endswith(s) for s in stops) else "eos"
+        self.advance(ids, [0.0] * len(ids), text, reason)
+
+    def _advance_executor(self, turn: TurnRecord, *, final: bool, out_of_budget: bool) -> None:
+        role = self.roles[turn.role]
+        segment = turn.text[self._segment_start :]
+        step = parse_executor(segment, role.grammar, final=final)
+        if step.tool_call is not None and not out_of_budget:
+            self._run_tool(turn, role, step.tool_call)
+            return
+        # An answer, or the end of what the executor may write: the turn is over.
+        turn.answer = step.answer
+        turn.format_ok = step.answer_tagged
+        self._after_turn(out_of_budget)
+
+    def _run_tool(self, turn: TurnRecord, role: RoleSpec, body: str) -> None:
+        if len(turn.tool_calls) >= self.limits.max_tool_calls:
+            result = ToolResult(
+                False, "tool call limit reached for this turn: give your answer now", BAD_CALL
+            )
+            name = "?"
+        else:
+            parsed = parse_tool_call(body)
+            if isinstance(parsed, ToolResult):
+                result, name = parsed, "?"
+            else:
+                name, arguments = parsed
+                if name not in role.tools:
+                    result = ToolResult(
+                        False, f"unknown tool {name!r}; available: {', '.join(role.tools)}", BAD_CALL
+                    )
+                else:
+                    result = self.registry.call(name, arguments)
+        turn.tool_calls.append(ToolCall(name, body, result.output, result.ok, result.error))
+        observation = role.grammar.wrap_tool_result(result.output)
+        ids = self.chat.encode(observation)
+        turn.completion_ids += ids
+        turn.mask += [0] * len(ids)
+        turn.logprobs += [0.0] * len(ids)
+        turn.text += observation
+        self._segment_start = len(turn.text)
+
+    def _after_reflection(self, turn: TurnRecord, out_of_budget: bool) -> None:
+        assert self.meta is not None
+        out = parse_reflection(turn.text, self.meta.grammar)
+        turn.format_ok = out.reflection is not None and self.meta.grammar.reflection[0] in turn.text
+        self.lesson = out.lesson
+        revise = out.verdict == "revise" and self.round + 1 < self.limits.max_rounds
+        if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
+            self.round += 1
+            self.plan = out.plan or self.plan
+            self._executor_index = 0
+            self._start_turn(EXECUTE)
+        else:
+            self._finish(truncated=out_of_budget)
+
+    def _after_turn(self, out_of_budget: bool) -> None:
+        turn = self.turns[-1]
+        if out_of_budget or len(self.turns) >= self.limits.max_turns:
+            self._finish(truncated=True)
+        elif turn.kind == PLAN:
+            self._executor_index = 0
+            self._start_turn(EXECUTE)
+        elif self._executor_index + 1 < len(self.executors):
+            self._executor_index += 1
+            self._start_turn(EXECUTE)
+        elif self.meta is not None:
+            self._start_turn(REFLECT)
+        else:
+            self._finish(truncated=False)
+
+    # ---- prompts -----------------------------------------------------------------------------
+
+    def _start_turn(self, kind: str) -> None:
+        role = self.meta if kind in (PLAN, REFLECT) else self.executors[self._executor_index]
+        assert role is not None
+        tools = self.registry.describe(role.tools) if role.tools else ""
+        messages = [{"role": "system", "content": role.system_text(tools)}]
+        memories = self._memory_block()
+        if kind == PLAN:
+            messages.append(
+                {"role": "user", "content": role.user_text(self.task.question, memories=memories)}
+            )
+        elif kind == EXECUTE:
+            plan = f"Plan from the meta-thinker:\n{self.plan}\n\n" if self.plan else ""
+            user = role.user_text(
+                self.task.question, memories=memories, plan=plan, previous=self._previous_block()
+            )
+            messages.append({"role": "user", "content": user})
+        else:
+            plan_tags = role.grammar.plan
+            messages.append(
+                {"role": "user", "content": role.user_text(self.task.question, memories=memories)}
+            )
+            messages.append(
+                {"role": "assistant", "content": f"{plan_tags[0]}{self.plan or ''}{plan_tags[1]}"}
+            )
+            work = self._round_work()
+            answer = self._round_answer() or "(no answer)"
+            messages.append({"role": "user", "content": role.reflect_text(work=work, answer=answer)})
+        self.turns.append(
+            TurnRecord(role=role.name, kind=kind, round=self.round, prompt_ids=self.chat.prompt(messages))
+        )
+        self._segment_start = 0
+
+    def _memory_block(self) -> str:
+        if not self.memories:
+            return ""
+        lines = "\n".join(f"- {hit.entry.text}" for hit in self.memories)
+        return f"Lessons from similar problems:\n{lines}\n\n"
+
+    def _round_turns(self, round_: int) -> list[TurnRecord]:
+        return [t for t in self.turns if t.kind == EXECUTE and t.round == round_]
+
+    def _round_work(self) -> str:
+        parts = []
+        for t in self._round_turns(self.round):
+            parts.append(f"[{t.role}]\n{_tail(t.text.strip(), WORK_CHARS)}")
+        return "\n\n".join(parts) or "(no work)"
+
+    def _round_answer(self) -> str | None:
+        answers = [t.answer for t in self._round_turns(self.round) if t.answer is not None]
+        return answers[-1] if answers else None
+
+    def _previous_block(self) -> str:
+        """Earlier executors of this round, or this executor's attempt in the last round."""
+        same_round = self._round_turns(self.round)
+        if same_round:
+            work = "\n\n".join(f"[{t.role}]\n{_tail(t.text.strip(), WORK_CHARS)}" for t in same_round)
+            return f"Work so far:\n{work}\n\n"
+        if self.round == 0:
+            return ""
+        last = self._round_turns(self.round - 1)
+        reflection = next((t.text.strip() for t in reversed(self.turns) if t.kind == REFLECT), "")
+        work = "\n\n".join(_tail(t.text.strip(), WORK_CHARS) for t in last)
+        return f"Previous attempt:\n{work}\n\nThe meta-thinker's reflection:\n{_tail(reflection, WORK_CHARS)}\n\n"
+
+    # ---- outcome -----------------------------------------------------------------------------
+
+    def _finish(self, *, truncated: bool) -> None:
+        self.truncated = truncated
+        answers = [t.answer for t in self.turns if t.kind == EXECUTE and t.answer is not None]
+        self.final_answer = answers[-1] if answers else None
+        self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task.answer)
+        for role in self.roles.values():
+            turns = [t for t in self.turns if t.role == role.name]
+            if not turns:
+                continue
+            if role.kind == META_THINKER:
+                plans = [t for t in turns if t.kind == PLAN]
+                leaked = any(states_answer(t.text, self.task.answer, role.grammar) for t in plans)
+                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in plans), leaked=leaked)
+            else:
+                errors = sum(1 for t in turns for c in t.tool_calls if not c.ok)
+                outcome = Outcome(self.correct, format_ok=turns[-1].format_ok, tool_errors=errors)
+            reward = role_reward(role.kind, role.reward, outcome)
+            self.rewards[role.name] = reward
+            for t in turns:
+                t.reward = reward
+        self.done = True
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(t.tool_calls) for t in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(1 for t in self.turns for c in t.tool_calls if not c.ok)
+
+    @property
+    def leaked(self) -> bool:
+        if self.meta is None:
+            return False
+        return any(
+            states_answer(t.text, self.task.answer, self.meta.grammar) for t in self.turns if t.kind == PLAN
+        )
+
+
+def _tail(text: str, n: int) -> str:
+    return text if len(text) <= n else "..." + text[-n:]

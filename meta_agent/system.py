@@ -1,0 +1,101 @@
+"""Assembles the hierarchy from a resolved config: backbone, backend, roles, tools, memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from memory.embedders import SentenceEmbedder
+from memory.store import FaissMemory
+from memory.types import Memory
+from meta_agent.chat import ChatFormat
+from meta_agent.config import limits, memory_settings, plain, role_specs
+from meta_agent.runner import EpisodeFactory
+from meta_agent.tasks import grade
+from roles import RoleSpec
+from tools import default_registry
+from tools.registry import ToolRegistry
+from training.backbone import AdapterConfig, Backbone, ModelConfig
+from training.generation import make_backend
+from training.types import GenerationBackend, SamplingParams
+
+
+@dataclass
+class System:
+    backbone: Backbone
+    backend: GenerationBackend
+    chat: ChatFormat
+    roles: list[RoleSpec]
+    registry: ToolRegistry
+    memory: Memory | None
+    factory: EpisodeFactory
+
+    def sampling(self, temperature: float | None = None) -> dict[str, SamplingParams]:
+        """Each role's sampling settings; `temperature` overrides them all (0 for greedy eval)."""
+        return {
+            r.name: SamplingParams(
+                temperature=r.sampling.temperature if temperature is None else temperature,
+                top_p=r.sampling.top_p,
+                max_new_tokens=r.sampling.max_new_tokens,
+            )
+            for r in self.roles
+        }
+
+    def close(self) -> None:
+        if self.memory is not None:
+            self.memory.close()
+
+
+def model_config(cfg: DictConfig) -> ModelConfig:
+    return ModelConfig(
+        path=cfg.model.path,
+        cache_dir=cfg.model.cache_dir,
+        dtype=cfg.model.dtype,
+        device=cfg.model.device,
+        seed=cfg.seed,
+    )
+
+
+def adapter_configs(roles: list[RoleSpec]) -> dict[str, AdapterConfig]:
+    return {
+        r.name: AdapterConfig(
+            r=r.adapter.r,
+            alpha=r.adapter.alpha,
+            dropout=r.adapter.dropout,
+            target_modules=r.adapter.target_modules,
+        )
+        for r in roles
+    }
+
+
+def build_memory(cfg: DictConfig) -> Memory | None:
+    if not cfg.memory.enabled:
+        return None
+    path = Path(cfg.memory.path) if cfg.memory.path else None
+    return FaissMemory(path, SentenceEmbedder(), index=cfg.memory.index)
+
+
+def build_registry(cfg: DictConfig, memory: Memory | None) -> ToolRegistry:
+    """Every tool, memory search only with a memory; each role sees the ones its config names."""
+    return default_registry(memory, sandbox=plain(cfg.tools.sandbox), memory_k=cfg.tools.memory_search_k)
+
+
+def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
+    """Everything a run needs. Pass `backbone` to reuse one already loaded (tests, notebooks)."""
+    roles = role_specs(cfg)
+    memory = build_memory(cfg)
+    registry = build_registry(cfg, memory)
+    for role in roles:
+        missing = [t for t in role.tools if t not in registry.names()]
+        if missing:
+            known = ", ".join(registry.names())
+            hint = " (memory_search needs memory.enabled=true)" if "memory_search" in missing else ""
+            raise ValueError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}{hint}")
+    if backbone is None:
+        backbone = Backbone.load(model_config(cfg), adapter_configs(roles))
+    backend = make_backend(cfg.backend.name, backbone, batch_size=cfg.backend.batch_size)
+    chat = ChatFormat(backbone.tokenizer)
+    factory = EpisodeFactory(roles, chat, registry, grade, limits(cfg), memory, memory_settings(cfg))
+    return System(backbone, backend, chat, roles, registry, memory, factory)

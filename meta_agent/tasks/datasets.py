@@ -1,0 +1,136 @@
+"""Task loaders: `load_tasks(name, split)` for every task family, stored or generated.
+
+    load_tasks("gsm8k", "test", limit=20)   # first 20 rows of data/gsm8k/test.jsonl
+    load_tasks("arith", "train", seed=1)     # generated, see arith.py
+
+Stored families read `<data>/<name>/<split>.jsonl` (files, sources and licences: data/README.md).
+The data folder is, first found: the `data_dir` argument, the META_AGENT_DATA environment variable,
+then `data/` at the repository root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from meta_agent.tasks.arith import make_arith_tasks
+from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
+from meta_agent.tasks.types import Task
+
+DATA_ENV = "META_AGENT_DATA"
+REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+# Task family -> the splits it has. Order is the order users see in errors and help.
+KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
+    "gsm8k": ("train", "test"),
+    "math500": ("test",),
+    "aime24": ("test",),
+    "amc23": ("test",),
+    "arith": ("train", "test"),
+}
+
+# How many arith tasks `load_tasks` generates when no limit is given: enough for a training run,
+# and an eval set whose accuracy has a ~2-point standard error.
+ARITH_DEFAULT_SIZE = {"train": 5000, "test": 500}
+
+
+def load_tasks(
+    name: str,
+    split: str,
+    limit: int | None = None,
+    data_dir: Path | str | None = None,
+    seed: int = 0,
+) -> list[Task]:
+    """The tasks of family `name`, split `split`: the first `limit` of them, or all.
+
+    Stored files keep their order, so a limit always takes the same rows; `seed` only changes which
+    problems the generated "arith" family draws. Raises ValueError for an unknown name or split,
+    FileNotFoundError (naming the path) for a missing data file.
+    """
+    if name not in KNOWN_TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(KNOWN_TASKS)}")
+    if split not in KNOWN_TASKS[name]:
+        raise ValueError(f"task {name!r} has splits {KNOWN_TASKS[name]}, not {split!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    if name == "arith":
+        return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
+    path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
+    to_task = _ROW_READERS[name]
+    tasks = []
+    for index, row in enumerate(_read_jsonl(path, f"{name}/{split}")):
+        if limit is not None and index >= limit:
+            break
+        tasks.append(to_task(row, f"{name}/{split}/{index}", name))
+    return tasks
+
+
+def resolve_data_dir(data_dir: Path | str | None = None) -> Path:
+    """The data folder: `data_dir` if given, else $META_AGENT_DATA if set, else the repo's data/."""
+    if data_dir is not None:
+        return Path(data_dir)
+    if os.environ.get(DATA_ENV):
+        return Path(os.environ[DATA_ENV])
+    return REPO_DATA_DIR
+
+
+def _read_jsonl(path: Path, what: str):
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{what}: data file {path} not found. Put {path.parent.name}/{path.name} there "
+            f"(sources in data/README.md of the repository), or point {DATA_ENV} or data_dir "
+            f"at a folder that holds it."
+        )
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
+
+
+def _field(row: dict[str, Any], key: str, task_id: str) -> Any:
+    if key not in row:
+        raise ValueError(f"{task_id}: row has no {key!r} field (fields: {sorted(row)})")
+    return row[key]
+
+
+def _gsm8k(row: dict[str, Any], task_id: str, source: str) -> Task:
+    solution = _field(row, "answer", task_id)
+    answer = extract_gsm8k_answer(solution)
+    if answer is None:
+        raise ValueError(f"{task_id}: answer has no '#### <number>' line: {solution[-80:]!r}")
+    return Task(task_id, _field(row, "question", task_id), answer, source, {"solution": solution})
+
+
+def _math500(row: dict[str, Any], task_id: str, source: str) -> Task:
+    meta = {
+        "solution": _field(row, "solution", task_id),
+        "subject": row.get("subject", ""),
+        "level": row.get("level", 0),
+        "unique_id": row.get("unique_id", ""),
+    }
+    answer = normalize_gold(_field(row, "answer", task_id))
+    return Task(task_id, _field(row, "problem", task_id), answer, source, meta)
+
+
+def _competition(row: dict[str, Any], task_id: str, source: str) -> Task:
+    # AIME and AMC rows (Qwen2.5-Math eval format): `problem` and `question` hold the same text.
+    meta = {"url": row.get("url", ""), "original_id": row.get("id", "")}
+    if "solution" in row:
+        meta["solution"] = row["solution"]
+    answer = normalize_gold(_field(row, "answer", task_id))
+    return Task(task_id, _field(row, "problem", task_id), answer, source, meta)
+
+
+_ROW_READERS: dict[str, Callable[[dict[str, Any], str, str], Task]] = {
+    "gsm8k": _gsm8k,
+    "math500": _math500,
+    "aime24": _competition,
+    "amc23": _competition,
+}

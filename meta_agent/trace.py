@@ -1,0 +1,96 @@
+"""Reflection traces: what each role thought and did in an episode, as JSON and as Markdown.
+
+The JSON form (one object per line in traces.jsonl) is for scripts; the Markdown form is what
+TensorBoard's text tab and `meta-agent solve` show: plan -> tool calls -> answer -> reflection,
+each turn with its reward and advantage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from meta_agent.episode import Episode
+
+
+def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
+    return {
+        "task": ep.task.id,
+        "source": ep.task.source,
+        "question": ep.task.question,
+        "gold": ep.task.answer,
+        "answer": ep.final_answer,
+        "correct": ep.correct,
+        "truncated": ep.truncated,
+        "rounds": ep.round + 1,
+        "rewards": dict(ep.rewards),
+        "memories": [{"text": h.entry.text, "score": round(h.score, 4)} for h in ep.memories],
+        "lesson": ep.lesson,
+        "turns": [
+            {
+                "role": t.role,
+                "kind": t.kind,
+                "round": t.round,
+                "text": t.text,
+                "answer": t.answer,
+                "format_ok": t.format_ok,
+                "tool_calls": [
+                    {
+                        "name": c.name,
+                        "arguments": c.arguments,
+                        "output": c.output,
+                        "ok": c.ok,
+                        "error": c.error,
+                    }
+                    for c in t.tool_calls
+                ],
+                "generated_tokens": t.generated_tokens,
+                "reward": t.reward,
+                "advantage": t.advantage,
+            }
+            for t in ep.turns
+        ],
+        **extra,
+    }
+
+
+def episode_markdown(ep: Episode) -> str:
+    """One episode as Markdown, readable in TensorBoard's text tab and in a terminal."""
+    mark = "correct" if ep.correct else "wrong"
+    lines = [
+        f"### {ep.task.id} ({mark})",
+        f"**Question.** {ep.task.question}",
+        "",
+        f"**Gold:** `{ep.task.answer}` | **answer:** `{ep.final_answer}`"
+        + (" | truncated by budget" if ep.truncated else ""),
+    ]
+    if ep.memories:
+        lines += ["", "**Memories retrieved:**"] + [f"- ({h.score:.2f}) {h.entry.text}" for h in ep.memories]
+    for t in ep.turns:
+        adv = "" if t.advantage is None else f", advantage {t.advantage:+.3f}"
+        head = f"#### round {t.round + 1} - {t.role}: {t.kind} (reward {t.reward:+.2f}{adv}, {t.generated_tokens} tokens)"
+        lines += ["", head, "", "```text", t.text.strip() or "(empty)", "```"]
+        for c in t.tool_calls:
+            status = "ok" if c.ok else f"error: {c.error}"
+            lines.append(
+                f"- tool `{c.name}` ({status}): `{c.arguments.strip()[:200]}` -> `{c.output.strip()[:200]}`"
+            )
+        if t.kind == "execute":
+            lines.append(f"- answer: `{t.answer}` (format {'kept' if t.format_ok else 'broken'})")
+    if ep.lesson:
+        lines += ["", f"**Lesson written to memory:** {ep.lesson}"]
+    return "\n".join(lines)
+
+
+class TraceWriter:
+    """Appends episodes to a JSON-lines file, one object per line, flushed per batch."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, episodes: list[Episode], **extra: Any) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            for ep in episodes:
+                f.write(json.dumps(episode_dict(ep, **extra), ensure_ascii=False) + "\n")

@@ -1,0 +1,140 @@
+"""The output grammar of each role and its parser.
+
+Parsers are lenient on purpose: a small model writes half-formed output, and every shape of it must
+turn into a value the episode can act on (a tool call, an answer, a plan) plus a flag that says
+whether the format was kept, which the reward functions penalise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Grammar:
+    tool_call: tuple[str, str] = ("<tool_call>", "</tool_call>")
+    tool_result: tuple[str, str] = ("<tool_result>", "</tool_result>")
+    answer: tuple[str, str] = ("<answer>", "</answer>")
+    plan: tuple[str, str] = ("<plan>", "</plan>")
+    reflection: tuple[str, str] = ("<reflection>", "</reflection>")
+    lesson: tuple[str, str] = ("<lesson>", "</lesson>")
+    verdict: tuple[str, str] = ("<verdict>", "</verdict>")
+
+    def executor_stops(self) -> tuple[str, ...]:
+        """Generation pauses after a tool call (the env runs it) and ends after an answer."""
+        return (self.tool_call[1], self.answer[1])
+
+    def plan_stops(self) -> tuple[str, ...]:
+        return (self.plan[1],)
+
+    def reflect_stops(self) -> tuple[str, ...]:
+        # A reflection ends with a verdict, or with a revised plan.
+        return (self.verdict[1], self.plan[1])
+
+    def wrap_tool_result(self, output: str) -> str:
+        return f"\n{self.tool_result[0]}\n{output}\n{self.tool_result[1]}\n"
+
+
+@dataclass(frozen=True)
+class ExecutorStep:
+    """What one executor generation segment asks for."""
+
+    tool_call: str | None  # body between the tool-call tags, when the segment ends with a call
+    answer: str | None  # the final answer, tagged or recovered from the text
+    answer_tagged: bool  # True when the answer came inside the answer tags (format kept)
+
+
+@dataclass(frozen=True)
+class MetaOutput:
+    plan: str | None
+    reflection: str | None
+    lesson: str | None
+    verdict: str  # "accept" or "revise"
+
+
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def _between(text: str, tags: tuple[str, str], *, last: bool = True) -> str | None:
+    open_tag, close_tag = tags
+    start = text.rfind(open_tag) if last else text.find(open_tag)
+    if start < 0:
+        return None
+    start += len(open_tag)
+    end = text.find(close_tag, start)
+    body = text[start:] if end < 0 else text[start:end]
+    return body.strip()
+
+
+def recover_answer(text: str) -> str | None:
+    """An untagged answer: the last \\boxed{...}, else the last number in the text."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return boxed[-1].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1].rstrip(".,") if numbers else None
+
+
+def parse_executor(segment: str, grammar: Grammar, *, final: bool) -> ExecutorStep:
+    """Parse one generated executor segment.
+
+    `segment` is the text generated since the last tool result. A segment that ends with the close
+    of a tool call is a call. `final` says the episode can give the executor no more turns (budget
+    spent, or EOS): then an untagged answer is recovered from the text.
+    """
+    stripped = segment.rstrip()
+    open_tag, close_tag = grammar.tool_call
+    if stripped.endswith(close_tag):
+        # Without an opening tag the whole segment is the call body: it fails to parse and the
+        # agent is told why, which teaches more than silently ending its turn.
+        body = _between(stripped, grammar.tool_call) if open_tag in stripped else stripped[: -len(close_tag)]
+        return ExecutorStep(body or "", None, answer_tagged=False)
+    answer = _between(stripped, grammar.answer)
+    if answer is not None and (grammar.answer[1] in stripped or final):
+        return ExecutorStep(None, answer, answer_tagged=grammar.answer[1] in stripped)
+    if final:
+        return ExecutorStep(None, recover_answer(stripped), answer_tagged=False)
+    return ExecutorStep(None, None, answer_tagged=False)
+
+
+def parse_plan(text: str, grammar: Grammar) -> tuple[str | None, bool]:
+    """The plan of a meta-thinker's first turn and whether it was tagged.
+
+    An untagged plan is still passed on to the executor (and penalised as broken format).
+    """
+    plan = _between(text, grammar.plan, last=False)
+    if plan is not None:
+        return plan or None, True
+    return text.strip() or None, False
+
+
+def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
+    """Parse a reflection turn: reflection, lesson, and a verdict.
+
+    A reflection that carries a new plan is a revision whatever its verdict says; with neither a
+    verdict nor a plan it accepts, so a rambling reflection cannot loop the episode.
+    """
+    plan = _between(text, grammar.plan)
+    reflection = _between(text, grammar.reflection, last=False)
+    if reflection is None:
+        reflection = text.split(grammar.lesson[0])[0].strip() or None
+    lesson = _between(text, grammar.lesson)
+    verdict_text = (_between(text, grammar.verdict) or "").lower()
+    verdict = "revise" if plan or "revise" in verdict_text else "accept"
+    return MetaOutput(plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict)
+
+
+def states_answer(text: str, answer: str | None, grammar: Grammar) -> bool:
+    """Whether a meta-thinker's text gives the answer away (answer tags, or the answer itself)."""
+    if grammar.answer[0] in text or "\\boxed" in text:
+        return True
+    if not answer:
+        return False
+    norm = answer.replace(",", "").strip()
+    if not norm:
+        return False
+    if _NUMBER.fullmatch(norm):
+        return norm in {n.replace(",", "").rstrip(".") for n in _NUMBER.findall(text)}
+    return len(norm) >= 3 and norm in text

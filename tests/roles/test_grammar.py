@@ -1,0 +1,62 @@
+from roles import Grammar, parse_executor, parse_plan, parse_reflection, recover_answer, states_answer
+
+G = Grammar()
+
+
+def test_tool_call_segment_is_a_call():
+    seg = 'First multiply. <tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>'
+    step = parse_executor(seg, G, final=False)
+    assert step.tool_call == '{"name": "calculator", "arguments": {"expression": "3*4"}}'
+    assert step.answer is None
+
+
+def test_close_tag_without_open_tag_passes_whole_segment_as_bad_call_body():
+    step = parse_executor("calculator 3*4</tool_call>", G, final=False)
+    assert step.tool_call == "calculator 3*4"
+
+
+def test_tagged_answer_keeps_format():
+    step = parse_executor("So the total is <answer> 1,234 </answer>", G, final=False)
+    assert (step.answer, step.answer_tagged, step.tool_call) == ("1,234", True, None)
+
+
+def test_untagged_answer_recovered_only_when_final():
+    assert parse_executor("the result is 42", G, final=False).answer is None
+    step = parse_executor("the result is 42.", G, final=True)
+    assert (step.answer, step.answer_tagged) == ("42", False)
+
+
+def test_unclosed_answer_at_end_is_recovered_but_not_tagged():
+    step = parse_executor("<answer>17", G, final=True)
+    assert (step.answer, step.answer_tagged) == ("17", False)
+
+
+def test_recover_answer_prefers_boxed():
+    assert recover_answer(r"we get 3 then \boxed{\frac{1}{2}} and 7") == r"\frac{1}{2}"
+    assert recover_answer("no numbers here") is None
+    assert recover_answer("costs -3,500.25 dollars") == "-3,500.25"
+
+
+def test_plan_tagged_and_untagged():
+    assert parse_plan("<plan>1. add 2. multiply</plan>", G) == ("1. add 2. multiply", True)
+    assert parse_plan("just add them", G) == ("just add them", False)
+    assert parse_plan("   ", G) == (None, False)
+
+
+def test_reflection_accepts_by_default_and_revises_with_a_plan():
+    out = parse_reflection(
+        "<reflection>fine</reflection><lesson>use the tool</lesson><verdict>accept</verdict>", G
+    )
+    assert (out.reflection, out.lesson, out.verdict, out.plan) == ("fine", "use the tool", "accept", None)
+    out = parse_reflection("<reflection>wrong sum</reflection><plan>redo step 2</plan>", G)
+    assert (out.verdict, out.plan) == ("revise", "redo step 2")
+    out = parse_reflection("rambling without tags", G)
+    assert (out.verdict, out.reflection, out.lesson) == ("accept", "rambling without tags", None)
+    assert parse_reflection("<verdict>revise</verdict>", G).verdict == "revise"
+
+
+def test_states_answer():
+    assert states_answer("<plan>the answer is 1,234</plan>", "1234", G)
+    assert states_answer("<answer>5</answer>", None, G)
+    assert not states_answer("<plan>multiply 12 by 3 then subtract</plan>", "33", G)
+    assert not states_answer("step 12", "1", G)  # a digit inside another number is no leak

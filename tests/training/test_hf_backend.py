@@ -1,0 +1,171 @@
+"""HFBackend on the tiny backbone: mixed-adapter batches, logprobs, stop strings, limits, seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import ROLES
+from training.generation import HFBackend, make_backend
+from training.types import GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+HOT = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=10)
+
+
+def ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.fixture
+def prompts(tokenizer):
+    texts = (
+        "Hello",
+        "The weather today is sunny and",
+        "Q: 3 * 7 = ?\nA:",
+        "A much longer prompt that pads the rest",
+    )
+    return [ids(tokenizer, t) for t in texts]
+
+
+def assert_same(a, b, what=""):
+    assert a.token_ids == b.token_ids, what
+    assert a.finish_reason == b.finish_reason, what
+    assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4), what
+
+
+def test_mixed_adapter_batch_equals_each_adapter_alone(tiny_backbone, prompts):
+    adapters = [None, *ROLES]
+    # Different limits make rows finish at different steps, so finished rows get dropped mid-batch.
+    requests = [
+        GenerationRequest(
+            adapters[i % 3], prompts[i % 4], SamplingParams(0.0, 1.0, 3 + 2 * i) if i % 2 else HOT, seed=i
+        )
+        for i in range(9)
+    ]
+    backend = HFBackend(tiny_backbone, batch_size=16)
+    mixed = backend.generate(requests)
+    for adapter in adapters:
+        mine = [i for i, r in enumerate(requests) if r.adapter == adapter]
+        alone = backend.generate([requests[i] for i in mine])
+        for i, result in zip(mine, alone, strict=True):
+            assert_same(mixed[i], result, f"request {i} adapter {adapter}")
+    # The perturbed adapters really change what the model says.
+    outputs = {backend.generate([GenerationRequest(a, prompts[1], GREEDY)])[0].token_ids for a in adapters}
+    assert len(outputs) == 3
+
+
+def test_batch_size_does_not_change_results(tiny_backbone, prompts):
+    requests = [
+        GenerationRequest(ROLES[i % 2], prompts[i % 4], GREEDY if i % 2 else HOT, seed=i) for i in range(7)
+    ]
+    big = HFBackend(tiny_backbone, batch_size=16).generate(requests)
+    small = HFBackend(tiny_backbone, batch_size=2).generate(requests)
+    for i, (a, b) in enumerate(zip(big, small, strict=True)):
+        assert_same(a, b, f"request {i}")
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, HOT, SamplingParams(temperature=1.3, max_new_tokens=10)])
+def test_logprobs_equal_teacher_forced_forward(tiny_backbone, prompts, sampling):
+    role = ROLES[1]
+    request = GenerationRequest(role, prompts[2], sampling, seed=5)
+    (result,) = HFBackend(tiny_backbone).generate([request])
+    full = torch.tensor([request.prompt_ids + result.token_ids])  # [1, P + C]
+    tiny_backbone.activate(role)
+    with torch.no_grad():
+        logits = tiny_backbone.model(input_ids=full).logits[0].float()  # [P + C, V]
+    completion_logits = logits[len(request.prompt_ids) - 1 : -1]  # [C, V] predicts each completion token
+    logprobs = torch.log_softmax(completion_logits / (sampling.temperature or 1.0), dim=-1)
+    expected = logprobs.gather(1, torch.tensor(result.token_ids)[:, None])[:, 0]  # [C]
+    assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
+    if sampling.temperature == 0:
+        assert list(result.token_ids) == completion_logits.argmax(-1).tolist()
+
+
+def test_max_new_tokens_gives_length_finish(tiny_backbone, prompts):
+    requests = [GenerationRequest(None, prompts[0], SamplingParams(0.0, 1.0, n)) for n in (1, 4, 9)]
+    results = HFBackend(tiny_backbone).generate(requests)
+    assert [len(r.token_ids) for r in results] == [1, 4, 9]
+    assert {r.finish_reason for r in results} == {"length"}
+    # The short runs are prefixes of the long one: stopping early changes nothing before it.
+    assert results[2].token_ids[:4] == results[1].token_ids
+
+
+def test_zero_max_new_tokens_returns_empty(tiny_backbone, prompts):
+    request = GenerationRequest(None, prompts[0], SamplingParams(0.0, 1.0, 0))
+    (result,) = HFBackend(tiny_backbone).generate([request])
+    assert result.token_ids == () and result.finish_reason == "length"
+
+
+def test_stop_string_ends_generation_after_completing_token(tiny_backbone, tokenizer, prompts):
+    backend = HFBackend(tiny_backbone)
+    (full,) = backend.generate([GenerationRequest(ROLES[0], prompts[1], SamplingParams(0.0, 1.0, 12))])
+    stop_at = 5
+    stop = tokenizer.decode(full.token_ids[stop_at : stop_at + 1]).strip()[:3]
+    assert stop
+    sampling = SamplingParams(0.0, 1.0, 12, stop=("no such stop string", stop))
+    (result,) = backend.generate([GenerationRequest(ROLES[0], prompts[1], sampling)])
+    assert result.finish_reason == "stop" and result.stop == stop
+    assert result.text.endswith(stop)
+    assert len(result.token_ids) <= stop_at + 1
+    assert result.token_ids == full.token_ids[: len(result.token_ids)]
+    assert stop in tokenizer.decode(result.token_ids) and stop not in tokenizer.decode(result.token_ids[:-1])
+
+
+def test_eos_token_finishes_and_is_kept(tiny_backbone, prompts):
+    (full,) = HFBackend(tiny_backbone).generate([GenerationRequest(None, prompts[3], GREEDY)])
+    end_token = full.token_ids[3]
+    backend = HFBackend(tiny_backbone, eos_token_ids={end_token})
+    (result,) = backend.generate([GenerationRequest(None, prompts[3], GREEDY)])
+    first = full.token_ids.index(end_token)
+    assert result.finish_reason == "eos"
+    assert result.token_ids == full.token_ids[: first + 1]  # the eos token is kept so training learns to stop
+
+
+def test_default_eos_is_im_end(tiny_backbone, tokenizer):
+    assert HFBackend(tiny_backbone).eos_ids == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+
+
+def test_seeded_sampling_independent_of_batch(tiny_backbone, prompts):
+    backend = HFBackend(tiny_backbone, batch_size=3)
+    target = GenerationRequest(ROLES[0], prompts[2], SamplingParams(1.0, 0.9, 10), seed=42)
+    (alone,) = backend.generate([target])
+    crowd = [GenerationRequest(a, p, HOT) for a in (None, ROLES[1]) for p in prompts]
+    for position in (0, 3, len(crowd)):
+        batch = [*crowd[:position], target, *crowd[position:]]
+        assert_same(backend.generate(batch)[position], alone, f"position {position}")
+    other = backend.generate([GenerationRequest(ROLES[0], prompts[2], target.sampling, seed=43)])[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_unseeded_sampling_follows_torch_seed(tiny_backbone, prompts):
+    backend = HFBackend(tiny_backbone)
+    requests = [GenerationRequest(None, p, HOT) for p in prompts]
+    torch.manual_seed(3)
+    first = backend.generate(requests)
+    torch.manual_seed(3)
+    assert [r.token_ids for r in backend.generate(requests)] == [r.token_ids for r in first]
+
+
+def test_training_mode_is_restored(tiny_backbone, prompts):
+    tiny_backbone.model.train()
+    HFBackend(tiny_backbone).generate([GenerationRequest(ROLES[0], prompts[0], GREEDY)])
+    assert tiny_backbone.model.training
+
+
+def test_bad_requests_raise(tiny_backbone, prompts):
+    backend = HFBackend(tiny_backbone)
+    with pytest.raises(ValueError, match="not one of"):
+        backend.generate([GenerationRequest("no_such_role", prompts[0])])
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        backend.generate([GenerationRequest(None, ())])
+    with pytest.raises(ValueError, match="top_p"):
+        backend.generate([GenerationRequest(None, prompts[0], SamplingParams(top_p=0.0))])
+
+
+def test_make_backend(tiny_backbone):
+    assert isinstance(make_backend("hf", tiny_backbone, batch_size=4), HFBackend)
+    with pytest.raises(NotImplementedError, match="vllm extra"):
+        make_backend("vllm", tiny_backbone)
+    with pytest.raises(ValueError, match="unknown generation backend"):
+        make_backend("nope", tiny_backbone)

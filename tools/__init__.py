@@ -1,0 +1,71 @@
+"""Tools the agents call: protocol, registry, calculator, python sandbox, memory search."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from memory.types import Memory
+from tools.calculator import Calculator
+from tools.conformance import check_tool
+from tools.memory_search import MemorySearch
+from tools.registry import ToolRegistry, parse_tool_call
+from tools.sandbox import PythonSandbox
+from tools.types import BAD_CALL, FAILED, MEMORY_EXCEEDED, TIMEOUT, Tool, ToolResult
+
+TOOL_NAMES = ("calculator", "python", "memory_search")
+
+
+def build_registry(
+    names: Sequence[str],
+    *,
+    memory: Memory | None = None,
+    sandbox: Mapping[str, Any] | None = None,
+    memory_k: int = 3,
+) -> ToolRegistry:
+    """A registry with the named tools, in that order (e.g. a role's `tools:` list from config).
+
+    sandbox: PythonSandbox settings (timeout_s, memory_mb, ...). An unknown name, or memory_search
+    without a memory, is a ValueError naming the problem.
+    """
+    registry = ToolRegistry()
+    for name in names:
+        if name == "calculator":
+            registry.register(Calculator())
+        elif name == "python":
+            registry.register(PythonSandbox(**dict(sandbox or {})))
+        elif name == "memory_search":
+            if memory is None:
+                raise ValueError("tool 'memory_search' needs a memory: pass memory=... to build_registry")
+            registry.register(MemorySearch(memory, k=memory_k))
+        else:
+            raise ValueError(f"unknown tool {name!r} in the tool list; known tools: {', '.join(TOOL_NAMES)}")
+    return registry
+
+
+def default_registry(memory: Memory | None = None, **settings: Any) -> ToolRegistry:
+    """Calculator, python sandbox, and memory search when a memory is given.
+
+    settings: passed to build_registry (`sandbox={...}`, `memory_k=...`).
+    """
+    names = [name for name in TOOL_NAMES if name != "memory_search" or memory is not None]
+    return build_registry(names, memory=memory, **settings)
+
+
+__all__ = [
+    "BAD_CALL",
+    "FAILED",
+    "MEMORY_EXCEEDED",
+    "TIMEOUT",
+    "TOOL_NAMES",
+    "Calculator",
+    "MemorySearch",
+    "PythonSandbox",
+    "Tool",
+    "ToolRegistry",
+    "ToolResult",
+    "build_registry",
+    "check_tool",
+    "default_registry",
+    "parse_tool_call",
+]

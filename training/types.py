@@ -1,0 +1,59 @@
+"""Records shared by generation and training. `training/` consumes these; it never sees episodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # generation ends after the first of these appears in the decoded text
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    adapter: str | None  # role adapter name; None runs the bare backbone
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None  # per-request seed makes a request reproducible whatever batch it is in
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: tuple[int, ...]  # sampled tokens, up to and including the stop string or EOS
+    logprobs: tuple[float, ...]  # log p of each sampled token under the sampling distribution
+    text: str  # decoded token_ids (special tokens removed)
+    finish_reason: str  # "stop" (stop string), "eos", or "length"
+    stop: str | None = None  # which stop string ended it
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One role turn as the trainer sees it: a prompt and a completion with a loss mask.
+
+    Tool results inserted into the completion by the environment are observation, not action:
+    their mask is 0 and their logprobs are 0.
+    """
+
+    role: str
+    group: str  # GRPO group key part: the task id (the trainer groups by (role, group))
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]  # 1 for generated tokens, 0 for observation tokens; len == completion
+    logprobs: tuple[float, ...]  # rollout logprobs; 0.0 where loss_mask is 0
+    reward: float = 0.0
+    episode: int = -1  # episode index within its batch, to tie turns of one episode together
+
+
+class GenerationBackend(Protocol):
+    """Turns a batch of requests into results, one per request, in order.
+
+    A batch may mix adapters (roles); every backend passes tests/training/test_backend_conformance.py.
+    """
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]: ...
