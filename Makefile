@@ -25,13 +25,14 @@ run: setup
 
 # Everything but GPU tests: the fast suite and the slow tests on the real backbone.
 test: setup
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	# One thread per test process: the suite runs many small models and subprocesses side by side.
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-slow: setup
-	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

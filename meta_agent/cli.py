@@ -13,7 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+import transformers
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -25,8 +28,10 @@ from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
+from training.backbone import BackboneNotFound
 
 console = Console()
+transformers.utils.logging.disable_progress_bar()  # weight-loading bars would bury the episode output
 
 USAGE = """usage: meta-agent COMMAND [ARGS] [key=value ...]
 
@@ -116,7 +121,15 @@ def _quote(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except (HydraException, OmegaConfBaseException, BackboneNotFound, FileNotFoundError, ValueError) as err:
+        # Real faults (a bad key, a missing model or file): one clear line, nothing half-written lost.
+        console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
+        return 2
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else 2

@@ -30,6 +30,7 @@ from roles import (
 from roles.spec import check_roles
 from tools.registry import ToolRegistry, parse_tool_call
 from tools.types import BAD_CALL, ToolResult
+from training.types import Turn
 
 PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
 WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
@@ -212,9 +213,11 @@ class Episode:
                 result, name = parsed, "?"
             else:
                 name, arguments = parsed
-                if name not in role.tools:
+                # What the role may call and the registry holds: its system prompt lists the same.
+                available = [t for t in role.tools if t in self.registry]
+                if name not in available:
                     result = ToolResult(
-                        False, f"unknown tool {name!r}; available: {', '.join(role.tools)}", BAD_CALL
+                        False, f"unknown tool {name!r}; available: {', '.join(available)}", BAD_CALL
                     )
                 else:
                     result = self.registry.call(name, arguments)
@@ -243,7 +246,11 @@ class Episode:
 
     def _after_turn(self, out_of_budget: bool) -> None:
         turn = self.turns[-1]
-        if out_of_budget or len(self.turns) >= self.limits.max_turns:
+        last = turn.kind == EXECUTE and self._executor_index + 1 >= len(self.executors) and self.meta is None
+        if last and not out_of_budget:
+            # The protocol's natural end (single agent): max_turns cut nothing short.
+            self._finish(truncated=False)
+        elif out_of_budget or len(self.turns) >= self.limits.max_turns:
             self._finish(truncated=True)
         elif turn.kind == PLAN:
             self._executor_index = 0
@@ -345,6 +352,25 @@ class Episode:
             for t in turns:
                 t.reward = reward
         self.done = True
+
+    def training_turns(self, episode: int = -1) -> list[Turn]:
+        """The finished episode as the trainer's records: one Turn per role turn, grouped by task."""
+        if not self.done:
+            raise RuntimeError("training_turns() before the episode finished")
+        return [
+            Turn(
+                role=t.role,
+                group=self.task.id,
+                prompt_ids=tuple(t.prompt_ids),
+                completion_ids=tuple(t.completion_ids),
+                loss_mask=tuple(t.mask),
+                logprobs=tuple(t.logprobs),
+                reward=t.reward,
+                episode=episode,
+            )
+            for t in self.turns
+            if t.completion_ids
+        ]
 
     @property
     def tool_calls(self) -> int:

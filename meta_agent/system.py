@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -86,13 +86,15 @@ def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
     """Everything a run needs. Pass `backbone` to reuse one already loaded (tests, notebooks)."""
     roles = role_specs(cfg)
     memory = build_memory(cfg)
+    if memory is None:
+        # memory.enabled=false switches memory off everywhere, the memory_search tool included.
+        roles = [replace(r, tools=tuple(t for t in r.tools if t != "memory_search")) for r in roles]
     registry = build_registry(cfg, memory)
     for role in roles:
         missing = [t for t in role.tools if t not in registry.names()]
         if missing:
             known = ", ".join(registry.names())
-            hint = " (memory_search needs memory.enabled=true)" if "memory_search" in missing else ""
-            raise ValueError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}{hint}")
+            raise ValueError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}")
     if backbone is None:
         backbone = Backbone.load(model_config(cfg), adapter_configs(roles))
     backend = make_backend(cfg.backend.name, backbone, batch_size=cfg.backend.batch_size)

@@ -1,0 +1,157 @@
+"""The `meta-agent` command run as a user runs it: a subprocess, real config, real files.
+
+The fast tests point `model.path` at a saved tiny random model (same architecture, real
+tokenizer); the slow ones run the real SmolLM2 backbone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meta_agent.cli import main
+from training.backbone import build_tiny_model
+
+QUESTION = "A depot holds 728 crates with 734 bolts in each crate. A delivery brings 21,139 more bolts. How many bolts does the depot hold now?"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run(
+        [sys.executable, "-m", "meta_agent", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def read_traces(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+
+
+def test_eval_on_a_local_model_folder(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "eval",
+        f"model.path={tiny_model_dir}",
+        "eval.tasks=[arith,gsm8k]",
+        "eval.limit=2",
+        "eval.episodes_per_batch=2",
+        "roles.meta_thinker.sampling.max_new_tokens=12",
+        "roles.executor.sampling.max_new_tokens=12",
+        f"memory.path={tmp_path / 'memory'}",
+        f"run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "arith" in proc.stdout and "gsm8k" in proc.stdout and "accuracy" in proc.stdout
+    assert str(run_dir / "traces.jsonl") in proc.stdout.replace("\n", "")
+    traces = read_traces(run_dir)
+    assert sorted(t["source"] for t in traces) == ["arith", "arith", "gsm8k", "gsm8k"]
+    for trace in traces:
+        assert [t["role"] for t in trace["turns"]][:2] == ["meta_thinker", "executor"]
+        assert set(trace["rewards"]) == {"meta_thinker", "executor"}
+    assert (run_dir / "config.yaml").read_text().startswith("# meta-agent eval")
+
+
+def test_single_agent_baseline_is_a_roles_override(tiny_model_dir, tmp_path):
+    proc = run_cli(
+        "eval",
+        f"model.path={tiny_model_dir}",
+        "roles=single_agent",
+        "eval.limit=2",
+        "protocol.max_new_tokens=32",
+        "memory.enabled=false",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    for trace in read_traces(tmp_path / "run"):
+        assert {t["role"] for t in trace["turns"]} == {"executor"}
+
+
+def test_solve_prints_the_episode(tiny_model_dir, tmp_path):
+    proc = run_cli(
+        "solve",
+        QUESTION,
+        f"model.path={tiny_model_dir}",
+        "roles.meta_thinker.sampling.max_new_tokens=12",
+        "roles.executor.sampling.max_new_tokens=12",
+        f"memory.path={tmp_path / 'memory'}",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "meta_thinker: plan" in proc.stdout and "executor: execute" in proc.stdout
+    assert "answer:" in proc.stdout
+    assert read_traces(tmp_path / "run")[0]["question"] == QUESTION
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.path=/no/such/model", "model.path=/no/such/model"),
+        ("protocol.max_roundz=3", "max_roundz"),
+        ("eval.tasks=[nosuchtask]", "known tasks"),
+        ("roles.executor.tools=[calculator,shell]", "shell"),
+    ],
+)
+def test_bad_input_is_one_clear_error(override, message, tmp_path, capsys):
+    # In-process: the same main() the console script calls, without paying for a new interpreter.
+    rc = main(["eval", override, f"run_dir={tmp_path / 'run'}", "memory.enabled=false"])
+    out = capsys.readouterr().out
+    assert rc == 2
+    assert "error:" in out and message in out.replace("\n", "")
+
+
+@pytest.mark.slow
+def test_real_backbone_eval_hierarchy(tmp_path):
+    """The default hierarchy on the real SmolLM2 backbone, two generated tool problems."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "eval",
+        "eval.limit=2",
+        "protocol.max_new_tokens=320",
+        f"memory.path={tmp_path / 'memory'}",
+        f"run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "accuracy" in proc.stdout
+    traces = read_traces(run_dir)
+    assert len(traces) == 2
+    for trace in traces:
+        kinds = [t["kind"] for t in trace["turns"]]
+        assert kinds[:2] == ["plan", "execute"]
+        assert all(t["text"].strip() for t in trace["turns"]), "the real model writes something every turn"
+
+
+@pytest.mark.slow
+def test_real_backbone_solve_single_agent(tmp_path):
+    proc = run_cli(
+        "solve",
+        "What is 12 + 30?",
+        "roles=single_agent",
+        "protocol.max_new_tokens=128",
+        "memory.enabled=false",
+        f"run_dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    trace = read_traces(tmp_path / "run")[0]
+    assert trace["turns"][0]["role"] == "executor" and trace["turns"][0]["text"].strip()
