@@ -1,0 +1,297 @@
+"""GRPO maths as small pure functions: group advantages, token logprobs, ratios, clipped loss, aggregation.
+
+Tensors in, tensors out; nothing here knows about roles, episodes or models. Shapes: B rows (one row is
+one role turn), T completion tokens, V vocabulary. `mask` is 1 on generated tokens and 0 on padding and on
+observation tokens (tool results), which never contribute to a loss or a metric.
+
+    ratio = importance_ratio(logprobs, old_logprobs, mask, "token")
+    loss, metrics = grpo_loss(logprobs, old_logprobs, None, advantages, mask, **settings.loss_kwargs())
+
+Tests with hand-worked numbers: `pytest tests/training/test_grpo.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+RATIO_LEVELS = ("token", "turn", "sequence")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    eps_low: float = 0.2  # ratio clipped below at 1 - eps_low (PPO's epsilon)
+    eps_high: float = 0.28  # ratio clipped above at 1 + eps_high; > eps_low leaves room to explore (DAPO)
+    beta: float = 0.0  # weight of the k3 KL to the reference (adapters off); 0 skips the reference pass
+    ratio_level: str = "token"  # "token", "turn" (GSPO over one turn) or "sequence" (over the episode)
+    aggregation: str = "token-mean"  # "token-mean", "seq-mean-token-mean" or "dr-grpo"
+    scale_advantages: bool = True  # divide by the group's std; False is Dr.GRPO's unscaled advantage
+    filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
+    max_tokens: int | None = None  # Dr.GRPO's constant normaliser per row; required by "dr-grpo"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"grpo.eps_low must be in [0, 1), got {self.eps_low}")
+        if self.eps_high < 0.0:
+            raise ValueError(f"grpo.eps_high must be >= 0, got {self.eps_high}")
+        if self.beta < 0.0:
+            raise ValueError(f"grpo.beta must be >= 0, got {self.beta}")
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"grpo.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"grpo.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError(f"grpo.max_tokens must be a positive int or null, got {self.max_tokens}")
+        if self.aggregation == "dr-grpo" and self.max_tokens is None:
+            raise ValueError("grpo.aggregation 'dr-grpo' needs grpo.max_tokens (the constant normaliser)")
+
+    def loss_kwargs(self) -> dict:
+        """The keyword arguments of `grpo_loss` that come from these settings."""
+        return {
+            "eps_low": self.eps_low,
+            "eps_high": self.eps_high,
+            "beta": self.beta,
+            "ratio_level": self.ratio_level,
+            "aggregation": self.aggregation,
+            "max_tokens": self.max_tokens,
+        }
+
+
+# --- group advantages (plain Python: one float per row) -------------------------------------------
+
+
+def _groups(rewards: Sequence[float], keys: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    if len(rewards) != len(keys):
+        raise ValueError(f"rewards and keys differ in length: {len(rewards)} != {len(keys)}")
+    groups: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _sample_std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def group_std(rewards: Sequence[float], keys: Sequence[Hashable]) -> dict[Hashable, float]:
+    """Sample std (Bessel-corrected, like `torch.std` and TRL) of the rewards of each group; 0 for one."""
+    return {key: _sample_std([rewards[i] for i in idx]) for key, idx in _groups(rewards, keys).items()}
+
+
+def zero_variance_groups(
+    rewards: Sequence[float], keys: Sequence[Hashable], eps: float = 1e-6
+) -> set[Hashable]:
+    """Keys of groups whose rewards are all equal (max - min <= eps), groups of one included.
+
+    Every row of such a group has advantage 0, so it adds no gradient, only cost and dilution.
+    """
+    return {
+        key
+        for key, idx in _groups(rewards, keys).items()
+        if max(rewards[i] for i in idx) - min(rewards[i] for i in idx) <= eps
+    }
+
+
+def group_advantages(
+    rewards: Sequence[float], keys: Sequence[Hashable], *, scale: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """Each reward minus its group's mean, divided by (group sample std + eps) when `scale`.
+
+    Rows with equal keys form a group (in this project the key is (role, task)). Groups whose rewards
+    are all equal, groups of one included, get advantage 0 exactly. The std is the sample std
+    (Bessel-corrected, n - 1), as TRL's GRPOTrainer computes it.
+    """
+    flat = zero_variance_groups(rewards, keys, eps)
+    advantages = [0.0] * len(rewards)
+    for key, idx in _groups(rewards, keys).items():
+        if key in flat:
+            continue
+        values = [float(rewards[i]) for i in idx]
+        mean = sum(values) / len(values)
+        denom = _sample_std(values) + eps if scale else 1.0
+        for i, value in zip(idx, values, strict=True):
+            advantages[i] = (value - mean) / denom
+    return advantages
+
+
+# --- per-token quantities from logits ----------------------------------------------------------------
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature) at `targets`: logits [B, T, V], targets [B, T] -> [B, T] float32.
+
+    One row at a time, as gather minus logsumexp, so at most one [T, V] float32 copy of the logits
+    exists at once (the full log_softmax of a 49k vocabulary is the largest tensor of a training step).
+    Differentiable with respect to the logits.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens, got {temperature}")
+    rows = []
+    for row_logits, row_targets in zip(logits, targets, strict=True):
+        scaled = row_logits.float() / temperature  # [T, V]
+        picked = scaled.gather(-1, row_targets.long().unsqueeze(-1)).squeeze(-1)  # [T]
+        rows.append(picked - torch.logsumexp(scaled, dim=-1))  # [T]
+    return torch.stack(rows) if rows else logits.new_zeros(targets.shape, dtype=torch.float32)
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position: [B, T, V] -> [B, T] float32, row by row."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    rows = []
+    for row_logits in logits:
+        logp = torch.log_softmax(row_logits.float() / temperature, dim=-1)  # [T, V]
+        rows.append(-(logp.exp() * logp).sum(-1))  # [T]
+    return torch.stack(rows) if rows else logits.new_zeros(logits.shape[:2], dtype=torch.float32)
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Schulman's k3 estimator of KL(policy || reference) per token: [B, T], [B, T] -> [B, T], >= 0.
+
+    k3 = exp(ref - lp) - (ref - lp) - 1, unbiased for the KL and never negative. The reference is a
+    constant (detached); the gradient flows through `logprobs`.
+    """
+    delta = ref_logprobs.detach() - logprobs  # [B, T]
+    return torch.exp(delta) - delta - 1.0
+
+
+# --- importance ratio, clipped surrogate, aggregation --------------------------------------------------
+
+
+def _masked_row_sums(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    keep = mask.bool()
+    return torch.where(keep, values, 0.0).sum(-1), keep.sum(-1).to(values.dtype)  # [B], [B]
+
+
+def importance_ratio(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    mask: Tensor,
+    level: str = "token",
+    episode_ids: Tensor | None = None,
+) -> Tensor:
+    """pi / pi_old per token: [B, T] -> [B, T]; the gradient flows through `logprobs` only.
+
+    level "token": exp(lp - old) per token. "turn": exp of the masked mean of (lp - old) over the row
+    (GSPO's length-normalised sequence ratio; a row is one role turn), the same value on every token of
+    the row. "sequence": the same mean taken over all masked tokens of all rows sharing an entry of
+    `episode_ids` [B]; without `episode_ids` it equals "turn". Masked tokens count in no mean, and at
+    token level their ratio is 1. A row (or episode) with no masked token has ratio 1.
+    """
+    log_ratio = torch.where(mask.bool(), logprobs - old_logprobs.detach(), 0.0)  # [B, T]
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio level {level!r}; expected one of {RATIO_LEVELS}")
+    sums, counts = _masked_row_sums(log_ratio, mask)  # [B], [B]
+    if level == "sequence" and episode_ids is not None:
+        _, inverse = torch.unique(episode_ids, return_inverse=True)  # [B] -> episode slot, < B
+        slots = sums.shape[0]  # an upper bound on the episodes, so no device sync to count them
+        sums = sums.new_zeros(slots).index_add(0, inverse, sums)[inverse]  # [B]
+        counts = counts.new_zeros(slots).index_add(0, inverse, counts)[inverse]  # [B]
+    mean_log_ratio = sums / counts.clamp(min=1.0)  # [B]
+    return torch.exp(mean_log_ratio).unsqueeze(-1).expand_as(log_ratio)  # [B, T]
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped objective, negated: ratio [B, T], advantages [B] (or [B, T]) -> loss [B, T], clipped.
+
+    loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A). `clipped` [B, T] bool marks the
+    tokens where the clipped term won the min and differs from the unclipped one (its gradient is 0).
+    """
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
+    adv = adv.to(ratio.dtype)
+    unclipped = ratio * adv  # [B, T]
+    clipped_term = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv  # [B, T]
+    return -torch.minimum(unclipped, clipped_term), clipped_term < unclipped
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:
+    """Reduce a per-token loss [B, T] over masked tokens to a scalar.
+
+    "token-mean": sum / number of masked tokens (long turns weigh more). "seq-mean-token-mean": mean over
+    rows of each row's masked mean, rows without tokens left out (GRPO paper). "dr-grpo": sum / (B *
+    max_tokens), a constant normaliser with no length bias (Dr.GRPO). With no masked token at all the
+    result is 0 (still attached to the graph).
+    """
+    keep = mask.bool()
+    masked = torch.where(keep, per_token, 0.0)  # [B, T]
+    if mode == "token-mean":
+        return masked.sum() / keep.sum().clamp(min=1)
+    if mode == "seq-mean-token-mean":
+        counts = keep.sum(-1)  # [B]
+        row_means = masked.sum(-1) / counts.clamp(min=1)  # [B]
+        has_tokens = counts > 0
+        return torch.where(has_tokens, row_means, 0.0).sum() / has_tokens.sum().clamp(min=1)
+    if mode == "dr-grpo":
+        if max_tokens is None or max_tokens <= 0:
+            raise ValueError(f"aggregation 'dr-grpo' needs a positive max_tokens, got {max_tokens}")
+        return masked.sum() / (per_token.shape[0] * max_tokens)
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    keep = mask.bool()
+    return float(values[keep].float().mean()) if keep.any() else 0.0
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    ref_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    beta: float,
+    ratio_level: str,
+    aggregation: str,
+    max_tokens: int | None = None,
+    episode_ids: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The GRPO loss of one batch and its metrics.
+
+    logprobs [B, T] (current policy, with grad), old_logprobs [B, T] (rollout), ref_logprobs [B, T] or
+    None, advantages [B] (or [B, T]), mask [B, T], episode_ids [B] for ratio_level "sequence". Per token:
+    clipped surrogate + beta * k3 KL (the KL term only when beta > 0; it needs ref_logprobs), then
+    `aggregate`d. Metrics are masked token means unless named otherwise: "loss", "kl" (0 without a
+    reference), "clip_fraction", "ratio_mean", "ratio_max", "advantage_mean", "tokens" (count).
+    """
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs (the reference model's logprobs)")
+    ratio = importance_ratio(logprobs, old_logprobs, mask, ratio_level, episode_ids)  # [B, T]
+    per_token, clipped = clipped_surrogate(ratio, advantages, eps_low, eps_high)  # [B, T]
+    kl = kl_k3(logprobs, ref_logprobs) if ref_logprobs is not None else None  # [B, T]
+    if kl is not None and beta > 0:
+        per_token = per_token + beta * kl
+    loss = aggregate(per_token, mask, aggregation, max_tokens)
+
+    with torch.no_grad():
+        keep = mask.bool()
+        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+        metrics = {
+            "loss": float(loss.detach()),
+            "kl": _masked_mean(kl, mask) if kl is not None else 0.0,
+            "clip_fraction": _masked_mean(clipped, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "ratio_max": float(ratio[keep].max()) if keep.any() else 1.0,
+            "advantage_mean": _masked_mean(adv.expand_as(ratio), mask),
+            "tokens": float(keep.sum()),
+        }
+    return loss, metrics
+
+
+def sft_loss(logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Masked mean negative log-likelihood: logprobs [B, T], mask [B, T] -> scalar (0 without tokens)."""
+    return aggregate(-logprobs, mask, "token-mean")
