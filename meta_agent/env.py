@@ -44,6 +44,13 @@ class TextSpace(Text):
         return isinstance(x, str) and len(x) <= self.max_length
 
 
+class TextObservation(str):
+    """A str that also carries the space's numpy dtype: PettingZoo's api_test compares
+    `observation.dtype` with `observation_space.dtype`, and a plain str has no dtype."""
+
+    dtype = np.dtype(str)
+
+
 class MetaAgentEnv(AECEnv):
     metadata = {"name": "meta_agent_v0", "render_modes": ["ansi"], "is_parallelizable": False}
 
@@ -85,7 +92,7 @@ class MetaAgentEnv(AECEnv):
     def observe(self, agent: str) -> str:
         if self.episode is not None and not self.episode.done and agent == self.episode.current_role:
             self._last_obs[agent] = self.episode.observation()[-MAX_OBSERVATION_CHARS:]
-        return self._last_obs.get(agent, "")
+        return TextObservation(self._last_obs.get(agent, ""))
 
     def step(self, action: str | None) -> None:
         agent = self.agent_selection

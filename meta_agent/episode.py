@@ -342,8 +342,7 @@ class Episode:
                 continue
             if role.kind == META_THINKER:
                 plans = [t for t in turns if t.kind == PLAN]
-                leaked = any(states_answer(t.text, self.task.answer, role.grammar) for t in plans)
-                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in plans), leaked=leaked)
+                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in plans), leaked=self.leaked)
             else:
                 errors = sum(1 for t in turns for c in t.tool_calls if not c.ok)
                 outcome = Outcome(self.correct, format_ok=turns[-1].format_ok, tool_errors=errors)
@@ -382,11 +381,12 @@ class Episode:
 
     @property
     def leaked(self) -> bool:
+        """Whether the meta-thinker stated the answer where an executor reads it: in its plan, or in
+        a reflection that revised the plan (the next round's executor is shown that reflection)."""
         if self.meta is None:
             return False
-        return any(
-            states_answer(t.text, self.task.answer, self.meta.grammar) for t in self.turns if t.kind == PLAN
-        )
+        shown = [t for t in self.turns if t.kind == PLAN or (t.kind == REFLECT and t.round < self.round)]
+        return any(states_answer(t.text, self.task.answer, self.meta.grammar) for t in shown)
 
 
 def _tail(text: str, n: int) -> str:

@@ -1,0 +1,99 @@
+"""Turn records -> padded tensors, and per-token logprobs of completions under one adapter.
+
+Sequences are left-padded so every completion ends at the last position: the model then computes
+logits only for the last `K` positions (`logits_to_keep`), where K covers the longest completion.
+The vocabulary projection is most of a small model's cost, so prompts are never projected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from training.grpo import token_logprobs
+from training.types import Turn
+
+
+@dataclass(frozen=True)
+class TurnBatch:
+    input_ids: torch.Tensor  # [B, T] prompt + completion, left-padded
+    attention_mask: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T]
+    targets: torch.Tensor  # [B, K] completion tokens, left-padded to K (the longest completion)
+    loss_mask: torch.Tensor  # [B, K] 1 on generated tokens, 0 on observations and padding
+    old_logprobs: torch.Tensor  # [B, K] rollout logprobs (0 where loss_mask is 0)
+    episode_ids: torch.Tensor  # [B]
+
+    @property
+    def completion_len(self) -> int:
+        return self.targets.shape[1]
+
+
+def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cpu") -> TurnBatch:
+    """Left-pad prompts+completions to one length, completions to another."""
+    if not turns:
+        raise ValueError("collate() needs at least one turn")
+    for t in turns:
+        if not (len(t.completion_ids) == len(t.loss_mask) == len(t.logprobs)) or not t.completion_ids:
+            raise ValueError(f"turn of role {t.role!r} has inconsistent or empty completion/mask/logprobs")
+    seq_len = max(len(t.prompt_ids) + len(t.completion_ids) for t in turns)
+    k = max(len(t.completion_ids) for t in turns)
+    b = len(turns)
+    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, seq_len), dtype=torch.long)
+    targets = torch.full((b, k), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, k), dtype=torch.float32)
+    old = torch.zeros((b, k), dtype=torch.float32)
+    for i, t in enumerate(turns):
+        seq = list(t.prompt_ids) + list(t.completion_ids)
+        n, c = len(seq), len(t.completion_ids)
+        input_ids[i, seq_len - n :] = torch.tensor(seq)
+        attention[i, seq_len - n :] = 1
+        targets[i, k - c :] = torch.tensor(t.completion_ids)
+        mask[i, k - c :] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old[i, k - c :] = torch.tensor(t.logprobs, dtype=torch.float32)
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    episodes = torch.tensor([t.episode for t in turns], dtype=torch.long)
+    to = torch.device(device)
+    return TurnBatch(
+        input_ids.to(to),
+        attention.to(to),
+        position_ids.to(to),
+        targets.to(to),
+        mask.to(to),
+        old.to(to),
+        episodes.to(to),
+    )
+
+
+def completion_logits(model: torch.nn.Module, batch: TurnBatch) -> torch.Tensor:
+    """Logits that predict each completion token, [B, K, V].
+
+    With left padding the completion occupies the last K positions, predicted by positions
+    T-K-1 .. T-2; one extra kept position covers the first of them.
+    """
+    k = batch.completion_len
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=k + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]  # [B, K, V]
+
+
+def completion_logprobs(model: torch.nn.Module, batch: TurnBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token logprobs [B, K] of the completion tokens under `model` (its active adapter)."""
+    return token_logprobs(completion_logits(model, batch), batch.targets, temperature=temperature)
+
+
+def micro_batches(turns: Sequence[Turn], size: int) -> list[list[Turn]]:
+    """Split turns into micro-batches of similar length (less padding), in a stable order."""
+    if size < 1:
+        raise ValueError(f"micro batch size must be >= 1, got {size}")
+    order = sorted(range(len(turns)), key=lambda i: len(turns[i].prompt_ids) + len(turns[i].completion_ids))
+    ordered = [turns[i] for i in order]
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]

@@ -1,0 +1,229 @@
+"""The policy update: every role's adapter trained on its own turns, one optimizer step for all.
+
+    trainer = PolicyTrainer(backbone, TrainerSettings(lr={"meta_thinker": 1e-4, "executor": 1e-4}, ...))
+    stats = trainer.grpo_step(turns)     # turns from a rollout batch, rewards filled in
+    stats = trainer.sft_step(turns)      # demonstrations: same turns, same masks
+
+Roles own disjoint LoRA parameters, so each role accumulates gradients over its micro-batches with
+its adapter active, then a single AdamW step (one parameter group, one learning rate per role)
+updates every role. The trainer stands on accelerate's Accelerator for device, precision and
+gradient synchronisation, so more ranks add data, not code.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import Accelerator
+
+from training.backbone import Backbone
+from training.batch import TurnBatch, collate, completion_logits, micro_batches
+from training.grpo import (
+    GRPOSettings,
+    entropy_from_logits,
+    group_advantages,
+    grpo_loss,
+    sft_loss,
+    token_logprobs,
+    zero_variance_groups,
+)
+from training.types import Turn
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    lr: Mapping[str, float]  # per role: roles learn at different speeds
+    temperature: Mapping[str, float] = field(
+        default_factory=dict
+    )  # per role sampling temperature (default 1)
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    micro_batch_size: int = 8  # turns per forward/backward; gradients accumulate over micro-batches
+    max_grad_norm: float = 1.0  # per role
+    weight_decay: float = 0.0
+    warmup_steps: int = 0  # linear warm-up of every role's learning rate
+
+    def __post_init__(self) -> None:
+        for role, lr in self.lr.items():
+            if not lr > 0:
+                raise ValueError(f"lr for role {role!r} must be > 0, got {lr}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    metrics: dict[str, float]  # "role/<name>/<metric>" and "train/<metric>"
+    advantages: list[float]  # one per input turn, in order (0 for filtered turns)
+
+
+class PolicyTrainer:
+    def __init__(self, backbone: Backbone, settings: TrainerSettings, accelerator: Accelerator | None = None):
+        missing = [r for r in backbone.adapters if r not in settings.lr]
+        if missing:
+            raise ValueError(f"no learning rate for roles {missing}; set one per role")
+        self.backbone = backbone
+        self.settings = settings
+        self.accelerator = accelerator or Accelerator(cpu=backbone.device.type == "cpu")
+        groups = [
+            {"params": backbone.trainable_parameters(role), "lr": settings.lr[role], "name": role}
+            for role in backbone.adapters
+        ]
+        optimizer = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
+        warmup = settings.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
+            backbone.model, optimizer, scheduler
+        )
+        self.pad_id = backbone.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = backbone.tokenizer.eos_token_id
+
+    # ---- GRPO --------------------------------------------------------------------------------
+
+    def advantages(self, turns: Sequence[Turn]) -> tuple[list[float], set[tuple[str, str]]]:
+        """Advantage per turn, normalised within (role, task) groups over episodes.
+
+        A role's several turns in one episode share that episode's reward: each episode counts
+        once in its group's statistics. Returns the advantages and the zero-variance groups.
+        """
+        episodes: dict[tuple[str, str, int], float] = {}
+        for t in turns:
+            episodes.setdefault((t.role, t.group, t.episode), t.reward)
+        keys = list(episodes)
+        rewards = [episodes[k] for k in keys]
+        group_keys = [(role, group) for role, group, _ in keys]
+        adv = group_advantages(rewards, group_keys, scale=self.settings.grpo.scale_advantages)
+        by_episode = dict(zip(keys, adv, strict=True))
+        flat = zero_variance_groups(rewards, group_keys)
+        return [by_episode[(t.role, t.group, t.episode)] for t in turns], flat
+
+    def grpo_step(self, turns: Sequence[Turn]) -> StepResult:
+        g = self.settings.grpo
+        advantages, flat = self.advantages(turns)
+        keep = [
+            i
+            for i, t in enumerate(turns)
+            if not (g.filter_zero_variance and (t.role, t.group) in flat) and any(t.loss_mask)
+        ]
+        metrics: dict[str, float] = {
+            "train/turns": float(len(turns)),
+            "train/filtered_turns": float(len(turns) - len(keep)),
+        }
+        by_role: dict[str, list[int]] = defaultdict(list)
+        for i in keep:
+            by_role[turns[i].role].append(i)
+        for role, idx in by_role.items():
+            role_turns = [turns[i] for i in idx]
+            role_adv = {id(turns[i]): advantages[i] for i in idx}
+            metrics.update(self._grpo_role(role, role_turns, role_adv))
+        for role in self.backbone.adapters:
+            rewards = [t.reward for t in turns if t.role == role]
+            if rewards:
+                metrics[f"role/{role}/reward"] = sum(rewards) / len(rewards)
+        metrics.update(self._optimizer_step())
+        return StepResult(metrics, [advantages[i] if i in set(keep) else 0.0 for i in range(len(turns))])
+
+    def _grpo_role(self, role: str, turns: list[Turn], adv: dict[int, float]) -> dict[str, float]:
+        g = self.settings.grpo
+        temperature = self.settings.temperature.get(role, 1.0)
+        self.backbone.activate(role)
+        self.model.train()
+        chunks = micro_batches(turns, self.settings.micro_batch_size)
+        total_tokens = sum(sum(t.loss_mask) for t in turns)
+        sums: dict[str, float] = defaultdict(float)
+        for chunk in chunks:
+            batch = collate(chunk, self.pad_id, self.accelerator.device)
+            advantages = torch.tensor([adv[id(t)] for t in chunk], device=batch.targets.device)
+            logits = completion_logits(self.model, batch)  # [B, K, V]
+            logprobs = token_logprobs(logits, batch.targets, temperature)
+            ref = self._reference_logprobs(batch, temperature) if g.beta > 0 else None
+            loss, stats = grpo_loss(
+                logprobs,
+                batch.old_logprobs,
+                ref,
+                advantages,
+                batch.loss_mask,
+                episode_ids=batch.episode_ids,
+                **g.loss_kwargs(),
+            )
+            weight = _micro_batch_weight(g.aggregation, batch, len(turns), total_tokens)
+            self.accelerator.backward(loss * weight)
+            tokens = float(batch.loss_mask.sum())
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), temperature)
+            sums["entropy"] += float((entropy * batch.loss_mask).sum())
+            for name in ("kl", "clip_fraction", "ratio_mean"):
+                sums[name] += stats[name] * tokens
+            sums["loss"] += float(loss) * weight
+            sums["tokens"] += tokens
+        n = max(sums["tokens"], 1.0)
+        values = list(adv.values())
+        return {
+            f"role/{role}/loss": sums["loss"],
+            f"role/{role}/kl": sums["kl"] / n,
+            f"role/{role}/clip_fraction": sums["clip_fraction"] / n,
+            f"role/{role}/ratio_mean": sums["ratio_mean"] / n,
+            f"role/{role}/entropy": sums["entropy"] / n,
+            f"role/{role}/advantage": sum(values) / len(values),
+            f"role/{role}/advantage_abs": sum(abs(v) for v in values) / len(values),
+            f"role/{role}/trained_tokens": sums["tokens"],
+        }
+
+    def _reference_logprobs(self, batch: TurnBatch, temperature: float) -> torch.Tensor:
+        """The KL reference is free: the same backbone with every adapter switched off."""
+        with torch.no_grad(), self.backbone.disabled_adapters():
+            return token_logprobs(completion_logits(self.model, batch), batch.targets, temperature)
+
+    # ---- SFT ---------------------------------------------------------------------------------
+
+    def sft_step(self, turns: Sequence[Turn]) -> StepResult:
+        """Maximum likelihood on the generated (mask 1) tokens of demonstration turns, per role."""
+        metrics: dict[str, float] = {"train/turns": float(len(turns))}
+        by_role: dict[str, list[Turn]] = defaultdict(list)
+        for t in turns:
+            by_role[t.role].append(t)
+        for role, role_turns in by_role.items():
+            self.backbone.activate(role)
+            self.model.train()
+            total_tokens = sum(sum(t.loss_mask) for t in role_turns)
+            nll = 0.0
+            for chunk in micro_batches(role_turns, self.settings.micro_batch_size):
+                batch = collate(chunk, self.pad_id, self.accelerator.device)
+                logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
+                loss = sft_loss(logprobs, batch.loss_mask)
+                weight = float(batch.loss_mask.sum()) / max(total_tokens, 1)
+                self.accelerator.backward(loss * weight)
+                nll += float(loss) * weight
+            metrics[f"role/{role}/sft_nll"] = nll
+            metrics[f"role/{role}/trained_tokens"] = float(total_tokens)
+        metrics.update(self._optimizer_step())
+        return StepResult(metrics, [0.0] * len(turns))
+
+    # ---- shared ------------------------------------------------------------------------------
+
+    def _optimizer_step(self) -> dict[str, float]:
+        metrics = {}
+        for group in self.optimizer.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                norm = self.accelerator.clip_grad_norm_(params, self.settings.max_grad_norm)
+                metrics[f"role/{group['name']}/grad_norm"] = float(norm)
+            metrics[f"role/{group['name']}/lr"] = float(group["lr"])
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return metrics
+
+
+def _micro_batch_weight(aggregation: str, batch: TurnBatch, total_rows: int, total_tokens: int) -> float:
+    """Scale a micro-batch's aggregated loss so the sum over micro-batches is the full-batch loss."""
+    if aggregation == "token-mean":
+        return float(batch.loss_mask.sum()) / max(total_tokens, 1)
+    rows = batch.targets.shape[0]
+    return rows / max(total_rows, 1)
