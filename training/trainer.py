@@ -159,7 +159,7 @@ class PolicyTrainer:
             sums["entropy"] += float((entropy * batch.loss_mask).sum())
             for name in ("kl", "clip_fraction", "ratio_mean"):
                 sums[name] += stats[name] * tokens
-            sums["loss"] += float(loss) * weight
+            sums["loss"] += float(loss.detach()) * weight
             sums["tokens"] += tokens
         n = max(sums["tokens"], 1.0)
         values = list(adv.values())
@@ -198,7 +198,7 @@ class PolicyTrainer:
                 loss = sft_loss(logprobs, batch.loss_mask)
                 weight = float(batch.loss_mask.sum()) / max(total_tokens, 1)
                 self.accelerator.backward(loss * weight)
-                nll += float(loss) * weight
+                nll += float(loss.detach()) * weight
             metrics[f"role/{role}/sft_nll"] = nll
             metrics[f"role/{role}/trained_tokens"] = float(total_tokens)
         metrics.update(self._optimizer_step())

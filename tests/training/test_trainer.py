@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from training.backbone import AdapterConfig, build_tiny_backbone
+from training.batch import collate, completion_logprobs
+from training.generation import make_backend
+from training.grpo import GRPOSettings
+from training.trainer import PolicyTrainer, TrainerSettings
+from training.types import GenerationRequest, SamplingParams, Turn
+
+ROLES = ("meta_thinker", "executor")
+
+
+def fresh(tokenizer):
+    return build_tiny_backbone(tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in ROLES}, seed=0, lora_b_std=0.05)
+
+
+def rollout_turns(backbone, rewards: dict[tuple[str, int], float]) -> list[Turn]:
+    """Real sampled turns from the tiny model, one per (role, episode), two task groups."""
+    backend = make_backend("hf", backbone)
+    keys = sorted(rewards)
+    prompts = [tuple(backbone.chat_prompt_ids([{"role": "user", "content": f"task {ep % 2}"}])) for _, ep in keys]
+    results = backend.generate(
+        [
+            GenerationRequest(role, p, SamplingParams(temperature=1.0, max_new_tokens=6), seed=ep)
+            for (role, ep), p in zip(keys, prompts, strict=True)
+        ]
+    )
+    return [
+        Turn(role, f"task{ep % 2}", p, r.token_ids, (1,) * len(r.token_ids), r.logprobs, rewards[(role, ep)], ep)
+        for (role, ep), p, r in zip(keys, prompts, results, strict=True)
+    ]
+
+
+def test_advantages_group_by_role_and_task_and_count_each_episode_once(tokenizer):
+    trainer = PolicyTrainer(fresh(tokenizer), TrainerSettings(lr=dict.fromkeys(ROLES, 1e-3)))
+    t = lambda role, group, ep, r: Turn(role, group, (1,), (2,), (1,), (0.0,), r, ep)  # noqa: E731
+    turns = [
+        t("executor", "a", 0, 1.0),
+        t("executor", "a", 1, 0.0),
+        t("meta_thinker", "a", 0, 1.0),
+        t("meta_thinker", "a", 0, 1.0),  # a second turn of the same episode: same advantage, counted once
+        t("meta_thinker", "a", 1, 0.0),
+        t("executor", "b", 2, 0.5),
+        t("executor", "b", 3, 0.5),
+    ]
+    adv, flat = trainer.advantages(turns)
+    # group (executor, a): rewards [1, 0], mean 0.5, sample std 0.7071 -> +-0.7071
+    assert adv == pytest.approx([0.70710, -0.70710, 0.70710, 0.70710, -0.70710, 0.0, 0.0], abs=1e-4)
+    assert flat == {("executor", "b")}
+
+
+def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(tokenizer):
+    backbone = fresh(tokenizer)
+    base_before = {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" not in n}
+    rewards = {(role, ep): float(ep % 2 == 0 and ep < 4) for role in ROLES for ep in range(8)}
+    turns = rollout_turns(backbone, rewards)
+    settings = TrainerSettings(lr=dict.fromkeys(ROLES, 5e-3), temperature=dict.fromkeys(ROLES, 1.0), micro_batch_size=4)
+    trainer = PolicyTrainer(backbone, settings)
+
+    def logprob_sum(role: str, positive: bool) -> float:
+        chosen = [t for t in turns if t.role == role and (t.reward > 0) == positive]
+        backbone.activate(role)
+        with torch.no_grad():
+            return float(completion_logprobs(backbone.model, collate(chosen, 2)).sum())
+
+    before = {(r, s): logprob_sum(r, s) for r in ROLES for s in (True, False)}
+    for _ in range(3):
+        result = trainer.grpo_step(turns)
+    after = {(r, s): logprob_sum(r, s) for r in ROLES for s in (True, False)}
+    for role in ROLES:
+        assert after[(role, True)] - before[(role, True)] > after[(role, False)] - before[(role, False)]
+        assert result.metrics[f"role/{role}/grad_norm"] > 0
+        assert 0.0 <= result.metrics[f"role/{role}/clip_fraction"] <= 1.0
+    for n, p in backbone.model.named_parameters():
+        if "lora_" not in n:
+            assert torch.equal(p, base_before[n]), f"base weight {n} changed"
+
+
+def test_gradient_accumulation_matches_one_big_batch(tokenizer):
+    rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
+    adapters = []
+    for micro in (1, 16):
+        backbone = fresh(tokenizer)
+        turns = rollout_turns(backbone, rewards)
+        settings = TrainerSettings(
+            lr=dict.fromkeys(ROLES, 1e-2),
+            micro_batch_size=micro,
+            max_grad_norm=1e9,
+            grpo=GRPOSettings(filter_zero_variance=False),
+        )
+        PolicyTrainer(backbone, settings).grpo_step(turns)
+        adapters.append({n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n})
+    for name, value in adapters[0].items():
+        assert torch.allclose(value, adapters[1][name], atol=1e-5), name
+
+
+def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
+    backbone = fresh(tokenizer)
+    prompt = tuple(backbone.chat_prompt_ids([{"role": "user", "content": "What is 2+2?"}]))
+    answer = tuple(tokenizer.encode("<answer>4</answer>", add_special_tokens=False))
+    demo = [Turn("executor", "d", prompt, answer, (1,) * len(answer), (0.0,) * len(answer))]
+    trainer = PolicyTrainer(backbone, TrainerSettings(lr=dict.fromkeys(ROLES, 1e-2)))
+    first = trainer.sft_step(demo).metrics["role/executor/sft_nll"]
+    for _ in range(5):
+        last = trainer.sft_step(demo).metrics["role/executor/sft_nll"]
+    assert last < first
+
+
+def test_missing_learning_rate_is_a_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="meta_thinker"):
+        PolicyTrainer(fresh(tokenizer), TrainerSettings(lr={"executor": 1e-3}))
