@@ -28,6 +28,7 @@ from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
+from meta_agent.train import train
 from training.backbone import BackboneNotFound
 
 console = Console()
@@ -38,9 +39,11 @@ USAGE = """usage: meta-agent COMMAND [ARGS] [key=value ...]
 commands:
   solve "QUESTION"   play one episode of the hierarchy and print it (plan, tool calls, answer, reflection)
   eval               evaluate on benchmark tasks; prints accuracy per task, writes traces.jsonl
+  train              SFT warm start (if the experiment has one), then joint multi-agent GRPO
+  sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   config             print the resolved config
 
-overrides (Hydra): roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
+overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
 """
 
 
@@ -114,6 +117,20 @@ def cmd_eval(overrides: list[str]) -> int:
     return 0
 
 
+def cmd_train(overrides: list[str], command: str = "train") -> int:
+    cfg = load_config(overrides)
+    run_dir = start_run(cfg, command)
+    console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
+    final = train(cfg, run_dir)
+    console.print(
+        f"held-out accuracy ({cfg.train.eval_task}, {cfg.train.eval_limit} problems): "
+        + "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in final.items())
+    )
+    console.print(f"TensorBoard: tensorboard --logdir {run_dir}   then open http://localhost:6006")
+    console.print(f"traces: {run_dir / 'traces.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")
+    return 0
+
+
 def _quote(text: str) -> str:
     """A Hydra override value that keeps any characters of a free-text question."""
     escaped = text.replace("\\", "\\\\").replace("'", "\\'")
@@ -143,6 +160,10 @@ def _dispatch(args: list[str]) -> int:
         return cmd_solve(rest[0], rest[1:])
     if command == "eval":
         return cmd_eval(rest)
+    if command == "train":
+        return cmd_train(rest)
+    if command == "sft":
+        return cmd_train(["sft.enabled=true", "train.steps=0", *rest], command="sft")
     if command == "config":
         print(OmegaConf.to_yaml(load_config(rest)))
         return 0

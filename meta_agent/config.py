@@ -76,6 +76,7 @@ class RoleSchema:
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     adapter: AdapterSchema = field(default_factory=AdapterSchema)
     reward: RewardSchema = field(default_factory=RewardSchema)
+    lr: float = 1e-4  # this role's adapter learning rate
 
 
 @dataclass
@@ -119,6 +120,48 @@ class EvalSchema:
 
 
 @dataclass
+class GRPOSchema:
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    beta: float = 0.0  # k3 KL to the backbone with adapters disabled
+    ratio_level: str = "token"  # token | turn | sequence
+    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | dr-grpo
+    scale_advantages: bool = True
+    filter_zero_variance: bool = True
+    max_tokens: int | None = None  # dr-grpo's constant normaliser
+
+
+@dataclass
+class TrainSchema:
+    task: str = "arith"
+    pool: int | None = 2000  # training problems drawn from the task's train split; null for all
+    steps: int = 20
+    tasks_per_step: int = 4
+    group_size: int = 4  # G episodes of the whole hierarchy per task
+    micro_batch_size: int = 8
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    eval_task: str = "arith"
+    eval_limit: int = 32
+    eval_every: int = 10  # held-out accuracy every N steps (and before and after)
+    trace_every: int = 5  # reflection traces to TensorBoard every N steps
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+
+
+@dataclass
+class SFTSchema:
+    enabled: bool = False
+    source: str = "arith"  # arith | gsm8k: demonstrations generated from the task's train split
+    examples: int = 256  # demonstration episodes
+    batch_size: int = 8  # episodes per step
+    max_steps: int = 200
+    eval_every: int = 10
+    patience: int = 2  # stop after this many evaluations without a better held-out accuracy
+    lr_scale: float = 3.0  # SFT learning rate = role lr * lr_scale
+
+
+@dataclass
 class Config:
     seed: int = 0
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
@@ -130,6 +173,10 @@ class Config:
     memory: MemorySchema = field(default_factory=MemorySchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
     question: str | None = None  # for `meta-agent solve`
+    grpo: GRPOSchema = field(default_factory=GRPOSchema)
+    train: TrainSchema = field(default_factory=TrainSchema)
+    sft: SFTSchema = field(default_factory=SFTSchema)
+    resume: str | None = None  # a checkpoint folder or a run folder: continue exactly where it stopped
 
 
 ConfigStore.instance().store(name="schema", node=Config)

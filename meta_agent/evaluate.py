@@ -51,8 +51,13 @@ def evaluate(
     seed: int = 0,
     traces: TraceWriter | None = None,
     on_batch: Callable[[int], None] | None = None,
+    write_lessons: bool = True,
 ) -> dict[str, TaskScore]:
-    """One episode per task, played `episodes_per_batch` at a time; lessons committed per batch."""
+    """One episode per task, played `episodes_per_batch` at a time.
+
+    Lessons are committed per batch unless `write_lessons` is False (held-out evaluation during
+    training must not write what it saw of the test set into the memory it trains with).
+    """
     if episodes_per_batch < 1:
         raise ValueError(f"eval.episodes_per_batch must be >= 1, got {episodes_per_batch}")
     scores = {}
@@ -61,7 +66,8 @@ def evaluate(
         for start in range(0, len(task_list), episodes_per_batch):
             batch = [factory.new(t) for t in task_list[start : start + episodes_per_batch]]
             play(batch, backend, sampling, seed=seed + start)
-            factory.commit_lessons(batch)
+            if write_lessons:
+                factory.commit_lessons(batch)
             if traces is not None:
                 traces.write(batch, split="eval")
             played += batch

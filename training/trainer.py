@@ -121,12 +121,16 @@ class PolicyTrainer:
             role_turns = [turns[i] for i in idx]
             role_adv = {id(turns[i]): advantages[i] for i in idx}
             metrics.update(self._grpo_role(role, role_turns, role_adv))
+        kept = set(keep)
         for role in self.backbone.adapters:
-            rewards = [t.reward for t in turns if t.role == role]
-            if rewards:
-                metrics[f"role/{role}/reward"] = sum(rewards) / len(rewards)
+            idx = [i for i, t in enumerate(turns) if t.role == role]
+            if idx:
+                metrics[f"role/{role}/reward"] = sum(turns[i].reward for i in idx) / len(idx)
+                metrics[f"role/{role}/advantage"] = sum(advantages[i] for i in idx) / len(idx)
+                metrics[f"role/{role}/advantage_abs"] = sum(abs(advantages[i]) for i in idx) / len(idx)
+                metrics[f"role/{role}/filtered_fraction"] = sum(i not in kept for i in idx) / len(idx)
         metrics.update(self._optimizer_step())
-        return StepResult(metrics, [advantages[i] if i in set(keep) else 0.0 for i in range(len(turns))])
+        return StepResult(metrics, [advantages[i] if i in kept else 0.0 for i in range(len(turns))])
 
     def _grpo_role(self, role: str, turns: list[Turn], adv: dict[int, float]) -> dict[str, float]:
         g = self.settings.grpo
@@ -162,15 +166,12 @@ class PolicyTrainer:
             sums["loss"] += float(loss.detach()) * weight
             sums["tokens"] += tokens
         n = max(sums["tokens"], 1.0)
-        values = list(adv.values())
         return {
             f"role/{role}/loss": sums["loss"],
             f"role/{role}/kl": sums["kl"] / n,
             f"role/{role}/clip_fraction": sums["clip_fraction"] / n,
             f"role/{role}/ratio_mean": sums["ratio_mean"] / n,
             f"role/{role}/entropy": sums["entropy"] / n,
-            f"role/{role}/advantage": sum(values) / len(values),
-            f"role/{role}/advantage_abs": sum(abs(v) for v in values) / len(values),
             f"role/{role}/trained_tokens": sums["tokens"],
         }
 

@@ -12,14 +12,18 @@ ROLES = ("meta_thinker", "executor")
 
 
 def fresh(tokenizer):
-    return build_tiny_backbone(tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in ROLES}, seed=0, lora_b_std=0.05)
+    return build_tiny_backbone(
+        tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in ROLES}, seed=0, lora_b_std=0.05
+    )
 
 
 def rollout_turns(backbone, rewards: dict[tuple[str, int], float]) -> list[Turn]:
     """Real sampled turns from the tiny model, one per (role, episode), two task groups."""
     backend = make_backend("hf", backbone)
     keys = sorted(rewards)
-    prompts = [tuple(backbone.chat_prompt_ids([{"role": "user", "content": f"task {ep % 2}"}])) for _, ep in keys]
+    prompts = [
+        tuple(backbone.chat_prompt_ids([{"role": "user", "content": f"task {ep % 2}"}])) for _, ep in keys
+    ]
     results = backend.generate(
         [
             GenerationRequest(role, p, SamplingParams(temperature=1.0, max_new_tokens=6), seed=ep)
@@ -27,7 +31,16 @@ def rollout_turns(backbone, rewards: dict[tuple[str, int], float]) -> list[Turn]
         ]
     )
     return [
-        Turn(role, f"task{ep % 2}", p, r.token_ids, (1,) * len(r.token_ids), r.logprobs, rewards[(role, ep)], ep)
+        Turn(
+            role,
+            f"task{ep % 2}",
+            p,
+            r.token_ids,
+            (1,) * len(r.token_ids),
+            r.logprobs,
+            rewards[(role, ep)],
+            ep,
+        )
         for (role, ep), p, r in zip(keys, prompts, results, strict=True)
     ]
 
@@ -55,7 +68,9 @@ def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(to
     base_before = {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" not in n}
     rewards = {(role, ep): float(ep % 2 == 0 and ep < 4) for role in ROLES for ep in range(8)}
     turns = rollout_turns(backbone, rewards)
-    settings = TrainerSettings(lr=dict.fromkeys(ROLES, 5e-3), temperature=dict.fromkeys(ROLES, 1.0), micro_batch_size=4)
+    settings = TrainerSettings(
+        lr=dict.fromkeys(ROLES, 5e-3), temperature=dict.fromkeys(ROLES, 1.0), micro_batch_size=4
+    )
     trainer = PolicyTrainer(backbone, settings)
 
     def logprob_sum(role: str, positive: bool) -> float:

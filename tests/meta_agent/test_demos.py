@@ -1,0 +1,221 @@
+"""Demonstration episodes: scripted ideal actions played through the real episode, calculator and grader."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from meta_agent.demos import (
+    GENERIC_PLAN,
+    DemoError,
+    Segment,
+    arith_actions,
+    arith_ops,
+    gsm8k_actions,
+    make_demos,
+    plan_text,
+    play_demo,
+    read_demos,
+    write_demos,
+)
+from meta_agent.episode import Limits
+from meta_agent.runner import EpisodeFactory
+from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
+from roles import Grammar, states_answer
+
+N = 20
+BROKEN = Task(
+    "gsm8k/train/broken",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "72",
+    "gsm8k",
+    {
+        "solution": "Natalia sold 48/2 = <<48/2=25>>25 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72.\n#### 72"
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def demos(role_sets, chat, registry):
+    """N arith and N gsm8k demonstrations of the default hierarchy, built once."""
+    roles = role_sets["hierarchy"]
+    return {name: make_demos(name, N, roles, chat, registry) for name in ("arith", "gsm8k")}
+
+
+def masked_text(chat, turn, mask: int) -> str:
+    return chat.decode([i for i, m in zip(turn.completion_ids, turn.mask, strict=True) if m == mask])
+
+
+@pytest.mark.parametrize("name", ["arith", "gsm8k"])
+def test_demos_grade_correct_with_real_tool_results_and_no_leak(demos, chat, role_sets, name):
+    episodes = demos[name]
+    assert len(episodes) == N
+    assert len({ep.task.id for ep in episodes}) == N
+    meta = next(r for r in role_sets["hierarchy"] if r.name == "meta_thinker")
+    for ep in episodes:
+        assert ep.done and ep.correct and not ep.truncated and not ep.leaked
+        assert grade(ep.final_answer, ep.task.answer)
+        assert [t.kind for t in ep.turns] == ["plan", "execute", "reflect"]
+        plan, execute, reflect = ep.turns
+        assert not states_answer(plan.text, ep.task.answer, meta.grammar)
+        assert ep.rewards["meta_thinker"] == meta.reward.correct  # no leak and no format penalty
+        assert ep.rewards["executor"] == 1.0 and ep.tool_errors == 0
+        assert execute.tool_calls and all(c.name == "calculator" and c.ok for c in execute.tool_calls)
+        observed = masked_text(chat, execute, 0)
+        assert observed.count("<tool_result>") == len(execute.tool_calls)
+        assert all(c.output in observed for c in execute.tool_calls)
+        assert "<tool_result>" not in masked_text(chat, execute, 1)
+        assert execute.text.endswith(f"<answer>{ep.task.answer}</answer>")
+        assert "<verdict>accept</verdict>" in reflect.text and ep.lesson
+
+
+def test_arith_shows_both_styles_and_plans_name_the_operations(demos):
+    styles = {len(ep.turns[1].tool_calls) == 1 for ep in demos["arith"]}
+    assert styles == {True, False}, "both one-call and step-by-step demonstrations"
+    assert {ep.task.meta["steps"] for ep in demos["arith"]} == {2, 3, 4}
+    for ep in demos["arith"]:
+        ops = [kind for kind, _ in arith_ops(ep.task.meta["expression"])]
+        plan = ep.plan
+        assert plan.startswith("1. Multiply") and plan.count("\n") == len(ops)
+        assert ("divide" in plan.lower()) == ("div" in ops)
+        assert ("subtract" in plan.lower()) == any(k.startswith("sub") for k in ops)
+
+
+def test_arith_script_writes_numbers_as_the_question_does():
+    task = next(t for t in make_arith_tasks("train", 50, steps=3) if "/" in t.meta["expression"])
+    one = arith_actions(task, style="one_call")
+    call = json.loads(one.work[0].text.split("<tool_call>")[1].split("</tool_call>")[0])
+    written = call["arguments"]["expression"]
+    for number in (w.strip("()") for w in written.split() if w.strip("()")[:1].isdigit()):
+        assert number in task.question
+    assert one.work[0].result == task.answer and one.answer == task.answer
+    steps = arith_actions(task, style="steps")
+    assert len(steps.work) == len(arith_ops(task.meta["expression"])) + 1
+    assert [s.result for s in steps.work][-2:] == [task.answer, None]
+    assert arith_actions(task, seed=3) == arith_actions(task, seed=3)
+    with pytest.raises(ValueError, match="style"):
+        arith_actions(task, style="mental")
+
+
+def test_gsm8k_script_follows_the_annotations():
+    task = load_tasks("gsm8k", "train", limit=1)[0]  # Natalia: 48/2 = 24, 48+24 = 72
+    script = gsm8k_actions(task)
+    assert [s.result for s in script.work] == ["24", "72", None]
+    assert script.work[0].text.startswith("Natalia sold 48/2 clips in May.\n<tool_call>")
+    assert '"expression": "48+24"' in script.work[1].text
+    assert script.work[-1].text == "<answer>72</answer>"
+    assert "24" not in script.plan and "72" not in script.plan
+    assert script.plan.startswith("<plan>1. Divide: Natalia sold ? clips in May.")
+
+
+def test_gsm8k_rows_that_cannot_be_scripted_are_skipped(role_sets, chat, registry, tmp_path):
+    assert gsm8k_actions(BROKEN) is None  # 48/2 is not 25
+    six = "\n".join(f"Step {i}: {i}+1 = <<{i}+1={i + 1}>>{i + 1}." for i in range(1, 7)) + "\n#### 7"
+    assert gsm8k_actions(Task("t", "q", "7", "gsm8k", {"solution": six})) is None  # > 4 calls
+    assert gsm8k_actions(Task("t", "q", "7", "gsm8k", {"solution": six}), max_calls=6) is not None
+    with pytest.raises(ValueError, match="solution"):
+        gsm8k_actions(Task("t", "q", "7", "gsm8k"))
+
+    rows = [{"question": BROKEN.question, "answer": BROKEN.meta["solution"]}]
+    rows += [
+        {"question": t.question, "answer": t.meta["solution"]} for t in load_tasks("gsm8k", "train", limit=2)
+    ]
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    episodes = make_demos("gsm8k", 5, role_sets["hierarchy"], chat, registry, data_dir=tmp_path)
+    assert [ep.task.id for ep in episodes] == [
+        "gsm8k/train/1",
+        "gsm8k/train/2",
+    ]  # row 0 skipped, file ran out
+
+
+def test_round_trip_equals_training_turns(demos, tmp_path):
+    episodes = demos["arith"][:3] + demos["gsm8k"][:3]
+    path = write_demos(episodes, tmp_path / "demos" / "mixed.jsonl")
+    expected = [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
+    assert read_demos(path) == expected
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == len(expected) and all(set(r["logprobs"]) == {0.0} for r in rows)
+    assert rows[0]["text"].startswith("<plan>") and "<tool_result>" in rows[1]["text"]
+
+
+def test_read_demos_names_the_path_of_a_missing_or_bad_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+        read_demos(tmp_path / "nowhere.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"role": "executor"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: .*KeyError"):
+        read_demos(bad)
+    bad.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1"):
+        read_demos(bad)
+
+
+def test_single_agent_plays_the_executor_alone(role_sets, chat, registry):
+    for name in ("arith", "gsm8k"):
+        episodes = make_demos(name, 4, role_sets["single_agent"], chat, registry, seed=1)
+        assert len(episodes) == 4
+        for ep in episodes:
+            assert ep.correct and [t.kind for t in ep.turns] == ["execute"] and ep.plan is None
+            assert ep.rewards == {"executor": 1.0}
+
+
+def test_two_executors_checker_repeats_one_call(role_sets, chat, registry):
+    for name in ("arith", "gsm8k"):
+        for ep in make_demos(name, 4, role_sets["two_executors"], chat, registry):
+            assert ep.correct and not ep.leaked
+            assert [(t.role, t.kind) for t in ep.turns] == [
+                ("meta_thinker", "plan"),
+                ("solver", "execute"),
+                ("checker", "execute"),
+                ("meta_thinker", "reflect"),
+            ]
+            solver, checker = ep.turns[1], ep.turns[2]
+            (check,) = checker.tool_calls
+            assert check.output == solver.tool_calls[-1].output
+            assert checker.answer == ep.task.answer
+            if name == "arith":
+                expression = json.loads(check.arguments)["arguments"]["expression"]
+                assert expression.replace(",", "").replace(" ", "") == ep.task.meta["expression"]
+
+
+def test_demos_fit_the_roles_generation_budgets(demos, role_sets, chat):
+    budget = {r.name: r.sampling.max_new_tokens for r in role_sets["hierarchy"]}
+    for ep in demos["arith"] + demos["gsm8k"]:
+        for turn in ep.turns:
+            # Each generated segment (between tool results) must fit one generation of its role.
+            segments = turn.text.split("</tool_result>\n")
+            assert all(len(chat.encode(s)) <= budget[turn.role] for s in segments), turn.text
+
+
+def test_play_demo_raises_when_the_protocol_goes_off_script(role_sets, chat, registry):
+    task = make_arith_tasks("train", 1, steps=3)[0]
+    script = arith_actions(task, style="steps")
+    tight = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_tool_calls=1))
+    with pytest.raises(DemoError, match=task.id):
+        play_demo(script, task, tight)
+    factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade)
+    wrong = replace(script, work=(Segment("<answer>1</answer>"),))
+    with pytest.raises(DemoError, match="not correct"):
+        play_demo(wrong, task, factory)
+    early = replace(script, plan="<plan>a</plan> and more</plan>")
+    with pytest.raises(DemoError, match="would stop"):
+        play_demo(early, task, factory.new)
+    with pytest.raises(ValueError, match="played on task"):
+        play_demo(script, make_arith_tasks("train", 2, steps=3)[1], factory)
+
+
+def test_plan_text_avoids_stating_small_answers():
+    grammar = Grammar()
+    assert plan_text(["Add.", "Answer."], "7", grammar) == "<plan>1. Add.\n2. Answer.</plan>"
+    assert plan_text(["Add.", "Answer."], "2", grammar) == "<plan>- Add.\n- Answer.</plan>"
+    assert plan_text(["Add the 12 apples."], "12", grammar) == f"<plan>{GENERIC_PLAN}</plan>"
+    assert plan_text(["Add the apples. " * 60], "12", grammar) == f"<plan>{GENERIC_PLAN}</plan>"
+
+
+def test_make_demos_rejects_unknown_sources(role_sets, chat, registry):
+    with pytest.raises(ValueError, match="math500"):
+        make_demos("math500", 1, role_sets["hierarchy"], chat, registry)

@@ -1,0 +1,99 @@
+"""`meta-agent train` and `meta-agent sft` as a user runs them, on a saved tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.meta_agent.test_cli import run_cli, tiny_model_dir  # noqa: F401  (fixture)
+
+TINY = [
+    "roles.meta_thinker.sampling.max_new_tokens=8",
+    "roles.executor.sampling.max_new_tokens=8",
+    "protocol.max_new_tokens=40",
+    "train.tasks_per_step=2",
+    "train.group_size=2",
+    "train.eval_limit=2",
+    "eval.episodes_per_batch=2",
+    # A random tiny model earns the same reward in every episode: keep its flat groups so the
+    # update (and its metrics) still runs.
+    "grpo.filter_zero_variance=false",
+]
+
+
+def scalar_tags(run_dir) -> set[str]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
+def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_dir, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train",
+        f"model.path={tiny_model_dir}",
+        *TINY,
+        "train.steps=2",
+        "train.eval_every=1",
+        "train.trace_every=1",
+        "train.checkpoint_every=1",
+        f"run_dir={run_dir}",
+        f"memory.path={tmp_path / 'memory'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "tensorboard --logdir" in proc.stdout
+    tags = scalar_tags(run_dir)
+    for role in ("meta_thinker", "executor"):
+        for metric in (
+            "reward",
+            "accuracy",
+            "advantage",
+            "kl",
+            "entropy",
+            "clip_fraction",
+            "response_length",
+            "tool_calls",
+            "tool_errors",
+            "lr",
+        ):
+            assert f"role/{role}/{metric}" in tags, f"role/{role}/{metric} missing"
+    for tag in (
+        "eval/accuracy",
+        "rollout/memory_hits",
+        "role/meta_thinker/answer_leaks",
+        "time/step_s",
+        "time/tokens_per_s",
+    ):
+        assert tag in tags
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    assert traces and all(t["split"] == "train" for t in traces)
+    assert any(turn["advantage"] is not None for t in traces for turn in t["turns"])
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert (
+        run_dir / "checkpoints" / "step-000002" / "adapters" / "executor" / "adapter_config.json"
+    ).exists()
+
+
+@pytest.mark.slow
+def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "sft",
+        f"model.path={tiny_model_dir}",
+        # Demonstrations are played under the protocol's limits: give them room.
+        *[o for o in TINY if not o.startswith("protocol.max_new_tokens")],
+        "protocol.max_new_tokens=600",
+        "sft.examples=8",
+        "sft.batch_size=4",
+        "sft.max_steps=4",
+        "sft.eval_every=2",
+        f"run_dir={run_dir}",
+        "memory.enabled=false",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    tags = scalar_tags(run_dir)
+    assert "sft/role/executor/sft_nll" in tags and "sft/eval/accuracy" in tags
