@@ -1,0 +1,170 @@
+"""Demonstration scripts for arith tasks, built from a task's canonical expression.
+
+    script = arith_actions(task, style="steps")  # one calculator call per operation
+    ops = arith_ops("(12*34+5)/7")  # [("mul", (12, 34)), ("add", (5,)), ("div", (7,))]
+
+The plan names the operations in words; the executor makes one calculator call for the whole
+expression ("one_call") or one per operation ("steps").
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from meta_agent.demo_script import (
+    GRAMMAR,
+    DemoScript,
+    Segment,
+    answer_text,
+    calculate,
+    call_text,
+    join_words,
+    plan_text,
+    reflection_text,
+)
+from meta_agent.tasks import Task
+from roles import Grammar
+
+STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
+ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
+
+_ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
+_TERM = re.compile(r"([+-])(\d+)(?:\*(\d+))?")
+
+# Theme of a generated problem -> (what its opening product multiplies, the unit it counts).
+_THEMES = {
+    "depot": ("the crates by the bolts in each crate", "bolts"),
+    "seeds": ("the packets by the seeds in each packet", "seeds"),
+    "tour": ("the tickets sold by the price of one ticket", "dollars"),
+    "print": ("the books by the pages in each book", "pages"),
+    "reservoir": ("the litres per hour by the hours", "litres"),
+}
+_PLAN_STEPS = {
+    "add": "Add the {again}{unit} that come in.",
+    "sub": "Subtract the {again}{unit} that go out.",
+    "add_product": "Multiply the next pair of numbers and add that many {unit}.",
+    "sub_product": "Multiply the next pair of numbers and subtract that many {unit}.",
+    "div": "Divide the {unit} equally among the shares.",
+}
+_NAMES = {
+    "add": "the addition",
+    "sub": "the subtraction",
+    "add_product": "the added product",
+    "sub_product": "the subtracted product",
+    "div": "the division",
+}
+
+
+def arith_ops(expression: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The operations of a canonical arith expression, the opening product first.
+
+    "(648049*3185+564245)/155" -> [("mul", (648049, 3185)), ("add", (564245,)), ("div", (155,))]
+    """
+    m = _ARITH.fullmatch(expression)
+    if m is None or bool(m[1]) != bool(m[5]) or bool(m[1]) != bool(m[6]):
+        raise ValueError(f"{expression!r} is not a canonical arith expression such as '(12*34+5)/7'")
+    ops: list[tuple[str, tuple[int, ...]]] = [("mul", (int(m[2]), int(m[3])))]
+    for sign, c, d in _TERM.findall(m[4]):
+        kind = ("add" if sign == "+" else "sub") + ("_product" if d else "")
+        ops.append((kind, (int(c), int(d)) if d else (int(c),)))
+    if m[6]:
+        ops.append(("div", (int(m[6]),)))
+    return ops
+
+
+def arith_actions(
+    task: Task, style: str | None = None, seed: int = 0, grammar: Grammar = GRAMMAR
+) -> DemoScript:
+    """The ideal turns for an arith task (meta["expression"]), in `style` "one_call" (the whole
+    expression, numbers written as in the question) or "steps" (one call per operation on the
+    previous result); None draws the style from `seed` and the task id. The plan names the
+    operations in words from the expression; nothing in it states a result."""
+    if "expression" not in task.meta:
+        raise ValueError(f"{task.id}: an arith task needs meta['expression'] to build a demonstration")
+    style = style or random.Random(f"demo|{seed}|{task.id}").choice(STYLES)
+    if style not in STYLES:
+        raise ValueError(f"arith demonstration style must be one of {STYLES}, got {style!r}")
+    ops = arith_ops(task.meta["expression"])
+    theme = str(task.meta.get("template", "")).split(".")[0]
+    product, unit = _THEMES.get(theme, ("the first two numbers", "units"))
+
+    steps, seen = [f"Multiply {product} with the calculator."], set()
+    for kind, _ in ops[1:]:
+        again = "next " if kind in seen else ""  # "Add the bolts ...", then "Add the next bolts ..."
+        seen.add(kind)
+        steps.append(_PLAN_STEPS[kind].format(unit=unit, again=again))
+    if style == "one_call":
+        steps.append("Write all of this as one calculator expression and answer with its result.")
+        work, answer = _one_call(ops, grammar)
+        how = "in one calculator expression"
+        lesson = (
+            "Write the whole calculation as one calculator expression, then copy the result into the answer."
+        )
+    else:
+        steps.append(
+            "Use one calculator call per step, carry each result forward, and answer with the last one."
+        )
+        work, answer = _step_calls(ops, grammar)
+        how = "one calculator call at a time"
+        lesson = "Do one operation per calculator call, carry each result into the next call, and answer with the last result."
+    if answer != task.answer:
+        raise ValueError(
+            f"{task.id}: the calculator gives {answer} for {task.meta['expression']}, not {task.answer}"
+        )
+    whole = _written(ops)
+    names = join_words(list(dict.fromkeys(["the product", *(_NAMES[k] for k, _ in ops[1:])])))
+    reflection = reflection_text(
+        f"The executor computed {names} {how}, and its answer is the calculator's result, so the result "
+        "is consistent.",
+        lesson,
+        grammar,
+    )
+    check = (
+        Segment(
+            f"I check the whole calculation with one calculator call.\n{call_text(whole, grammar)}", answer
+        ),
+        Segment(answer_text(answer, grammar)),
+    )
+    return DemoScript(task.id, style, plan_text(steps, task.answer, grammar), work, check, reflection, answer)
+
+
+def _written(ops: list[tuple[str, tuple[int, ...]]]) -> str:
+    """The whole calculation with the numbers as the question writes them: "30,662 * 6,330 + 164"."""
+    a, b = ops[0][1]
+    expr = f"{a:,} * {b:,}"
+    for kind, numbers in ops[1:]:
+        if kind == "div":
+            expr = f"({expr}) / {numbers[0]:,}"
+        else:
+            expr += f" {'+' if kind.startswith('add') else '-'} " + " * ".join(f"{x:,}" for x in numbers)
+    return expr
+
+
+def _one_call(ops, grammar: Grammar) -> tuple[tuple[Segment, ...], str]:
+    whole = _written(ops)
+    result = calculate(whole)
+    text = f"I write the whole calculation as one expression.\n{call_text(whole, grammar)}"
+    return (Segment(text, result), Segment(answer_text(result, grammar))), result
+
+
+def _step_calls(ops, grammar: Grammar) -> tuple[tuple[Segment, ...], str]:
+    a, b = ops[0][1]
+    expression, sentence = f"{a:,} * {b:,}", f"First I multiply {a:,} by {b:,}."
+    segments = []
+    for i in range(len(ops)):
+        result = calculate(expression)
+        segments.append(Segment(f"{sentence}\n{call_text(expression, grammar)}", result))
+        if i + 1 == len(ops):
+            break
+        kind, numbers = ops[i + 1]
+        c = f"{numbers[0]:,}"
+        d = f"{numbers[1]:,}" if len(numbers) > 1 else ""
+        expression, sentence = {
+            "add": (f"{result} + {c}", f"Then I add {c}."),
+            "sub": (f"{result} - {c}", f"Then I subtract {c}."),
+            "add_product": (f"{result} + {c} * {d}", f"Then I add {c} times {d}."),
+            "sub_product": (f"{result} - {c} * {d}", f"Then I subtract {c} times {d}."),
+            "div": (f"{result} / {c}", f"Then I divide by {c}."),
+        }[kind]
+    return (*segments, Segment(answer_text(result, grammar))), result
