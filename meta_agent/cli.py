@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meta_agent.config import load_config
-from meta_agent.evaluate import evaluate
 from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
@@ -86,13 +85,9 @@ def cmd_eval(overrides: list[str]) -> int:
     columns = [TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("eval", total=total)
-        scores = evaluate(
-            system.factory,
-            system.backend,
-            system.sampling(temperature=cfg.eval.temperature),
+        scores = system.evaluate(
             tasks,
-            episodes_per_batch=cfg.eval.episodes_per_batch,
-            seed=cfg.seed,
+            cfg,
             traces=TraceWriter(run_dir / "traces.jsonl"),
             on_batch=lambda n: progress.advance(bar, n),
         )

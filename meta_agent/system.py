@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from memory.store import FaissMemory
 from memory.types import Memory
 from meta_agent.chat import ChatFormat
 from meta_agent.config import limits, memory_settings, plain, role_specs
+from meta_agent.evaluate import TaskScore, evaluate
 from meta_agent.runner import EpisodeFactory
-from meta_agent.tasks import grade
+from meta_agent.tasks import Task, grade
+from meta_agent.trace import TraceWriter
 from roles import RoleSpec
 from tools import default_registry
 from tools.registry import ToolRegistry
@@ -42,6 +45,28 @@ class System:
             )
             for r in self.roles
         }
+
+    def evaluate(
+        self,
+        tasks: Mapping[str, Sequence[Task]],
+        cfg: DictConfig,
+        *,
+        traces: TraceWriter | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        write_lessons: bool = True,
+    ) -> dict[str, TaskScore]:
+        """Held-out evaluation with the `eval` settings of `cfg` (greedy by default)."""
+        return evaluate(
+            self.factory,
+            self.backend,
+            self.sampling(temperature=cfg.eval.temperature),
+            tasks,
+            episodes_per_batch=cfg.eval.episodes_per_batch,
+            seed=cfg.seed,
+            traces=traces,
+            on_batch=on_batch,
+            write_lessons=write_lessons,
+        )
 
     def close(self) -> None:
         if self.memory is not None:

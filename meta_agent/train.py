@@ -22,7 +22,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meta_agent.config import limits, plain
 from meta_agent.demos import make_demos
 from meta_agent.episode import Episode
-from meta_agent.evaluate import evaluate
 from meta_agent.runner import play
 from meta_agent.system import System, build_system
 from meta_agent.tasks import Task, load_tasks
@@ -97,16 +96,8 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str]) -> dict[s
 def held_out(
     system: System, cfg: DictConfig, tasks: dict[str, list[Task]], traces: TraceWriter | None
 ) -> float:
-    scores = evaluate(
-        system.factory,
-        system.backend,
-        system.sampling(temperature=cfg.eval.temperature),
-        tasks,
-        episodes_per_batch=cfg.eval.episodes_per_batch,
-        seed=cfg.seed,
-        traces=traces,
-        write_lessons=False,
-    )
+    # No lesson writes: what the roles saw of the test set must not reach the memory they train with.
+    scores = system.evaluate(tasks, cfg, traces=traces, write_lessons=False)
     return sum(s.correct for s in scores.values()) / max(sum(s.total for s in scores.values()), 1)
 
 

@@ -97,3 +97,45 @@ def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     tags = scalar_tags(run_dir)
     assert "sft/role/executor/sft_nll" in tags and "sft/eval/accuracy" in tags
+
+
+def adapter_tensors(checkpoint):
+    from safetensors.torch import load_file
+
+    return {
+        f"{role.name}/{k}": v
+        for role in sorted((checkpoint / "adapters").iterdir())
+        for k, v in load_file(role / "adapter_model.safetensors").items()
+    }
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir, tmp_path):  # noqa: F811
+    """SFT, then GRPO with a KL term (so every step moves the adapters), stopped after 2 of 3 steps."""
+    common = [
+        f"model.path={tiny_model_dir}",
+        *[o for o in TINY if not o.startswith("protocol.max_new_tokens")],
+        "protocol.max_new_tokens=600",
+        "sft.enabled=true",
+        "sft.examples=4",
+        "sft.batch_size=2",
+        "sft.max_steps=2",
+        "sft.eval_every=100",
+        "grpo.beta=0.5",
+        "train.eval_every=100",
+        "train.checkpoint_every=1",
+        "memory.enabled=false",
+    ]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert run_cli("train", *common, "train.steps=3", f"run_dir={whole}", cwd=tmp_path).returncode == 0
+    first = run_cli("train", *common, "train.steps=2", f"run_dir={parts}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr + first.stdout
+    resumed = run_cli("train", *common, "train.steps=3", f"run_dir={parts}", f"resume={parts}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert "resumed" in resumed.stdout
+    a = adapter_tensors(whole / "checkpoints" / "step-000003")
+    b = adapter_tensors(parts / "checkpoints" / "step-000003")
+    start = adapter_tensors(parts / "checkpoints" / "step-000002")
+    assert a.keys() == b.keys()
+    assert any(not (a[k] == start[k]).all() for k in a), "the last step changed nothing: the test would prove nothing"
+    for k in a:
+        assert (a[k] == b[k]).all(), k
