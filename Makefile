@@ -44,3 +44,7 @@ format: setup
 
 clean:
 	rm -rf runs outputs .pytest_cache .ruff_cache
+
+# Measurements, not tests: each writes bench/results/<name>.json.
+bench: setup
+	$(PY) bench/learning.py

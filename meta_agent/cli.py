@@ -119,7 +119,7 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     final = train(cfg, run_dir)
     console.print(
         f"held-out accuracy ({cfg.train.eval_task}, {cfg.train.eval_limit} problems): "
-        + "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in final.items())
+        + "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))
     )
     console.print(f"TensorBoard: tensorboard --logdir {run_dir}   then open http://localhost:6006")
     console.print(f"traces: {run_dir / 'traces.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")

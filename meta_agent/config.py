@@ -147,6 +147,9 @@ class TrainSchema:
     trace_every: int = 5  # reflection traces to TensorBoard every N steps
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
+    token_budget: int | None = (
+        None  # stop GRPO once rollouts generated this many tokens (equal-budget baselines)
+    )
 
 
 @dataclass

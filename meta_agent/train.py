@@ -41,6 +41,7 @@ class Stage:
     step: int = 0  # optimizer steps done in this stage
     stage: str = "sft"  # sft | grpo
     data_pos: int = 0  # tasks consumed from the shuffled training pool
+    generated_tokens: int = 0  # by GRPO rollouts, all roles: the budget that baselines are compared at
     best_sft_accuracy: float = -1.0
     base_accuracy: float | None = None
     sft_accuracy: float | None = None
@@ -180,7 +181,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("grpo", total=cfg.train.steps, completed=state.step, info="")
-        while state.step < cfg.train.steps:
+        budget = cfg.train.token_budget
+        while state.step < cfg.train.steps and (budget is None or state.generated_tokens < budget):
             started = time.perf_counter()
             tasks = next_tasks(pool, state.data_pos, cfg.train.tasks_per_step, cfg.seed)
             episodes = [system.factory.new(t) for t in tasks for _ in range(cfg.train.group_size)]
@@ -194,6 +196,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             state.data_pos += len(tasks)
             elapsed = time.perf_counter() - started
             tokens = sum(t.generated_tokens for ep in episodes for t in ep.turns)
+            state.generated_tokens += tokens
             metrics = {**result.metrics, **rollout_metrics(episodes, role_names)}
             metrics.update(
                 {"time/step_s": elapsed, "time/rollout_s": rollout_s, "time/tokens_per_s": tokens / elapsed}
@@ -213,9 +216,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             reward = sum(ep.rewards.get(role_names[-1], 0.0) for ep in episodes) / len(episodes)
             info = f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {accuracy:.2f}  {elapsed:.1f} s/step"
             progress.update(bar, advance=1, info=info)
-    final = {"eval/accuracy_before": state.base_accuracy, "eval/accuracy_after": accuracy}
+    if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
+        accuracy = held_out(system, cfg, eval_tasks, None)  # stopped early by the token budget
+        log.scalars({"eval/accuracy": accuracy}, state.step)
+    final = {"eval/accuracy_before": state.base_accuracy}
     if state.sft_accuracy is not None:
         final["eval/accuracy_after_sft"] = state.sft_accuracy
+    final["eval/accuracy_after"] = accuracy
+    final["train/grpo_steps"] = float(state.step)
+    final["train/generated_tokens"] = float(state.generated_tokens)
     log.config(OmegaConf.to_yaml(cfg), _flat_hparams(cfg), final)
     log.close()
     system.close()

@@ -136,6 +136,8 @@ def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir,
     b = adapter_tensors(parts / "checkpoints" / "step-000003")
     start = adapter_tensors(parts / "checkpoints" / "step-000002")
     assert a.keys() == b.keys()
-    assert any(not (a[k] == start[k]).all() for k in a), "the last step changed nothing: the test would prove nothing"
+    assert any(not (a[k] == start[k]).all() for k in a), (
+        "the last step changed nothing: the test would prove nothing"
+    )
     for k in a:
         assert (a[k] == b[k]).all(), k
