@@ -82,6 +82,7 @@ def check_memory(memory: Memory, reopen: Callable[[], Memory] | None = None) -> 
         )
         _expect(entry.created <= entry.last_used, f"created <= last_used, got {entry}")
     _expect(memory.get(max(ids) + 1000) is None, "get of an unknown id returns None")
+    _expect(memory.ids() == sorted(ids), f"ids() lists every stored id ascending, got {memory.ids()}")
 
     # search: shape, order, exact text ranks its own entry first, last_used refreshed
     known = set(ids)

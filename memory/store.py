@@ -321,6 +321,11 @@ class FaissMemory:
         self._check_open()
         return int(self._index.ntotal)
 
+    def ids(self) -> list[int]:
+        """Every stored id, ascending. Ids only grow, so a checkpoint can record the newest one."""
+        self._check_open()
+        return [int(i) for i in self._sqlite_ids()]
+
     def _entries(self, ids: Iterable[int]) -> list[MemoryEntry]:
         ids = list(ids)
         if not ids:

@@ -90,6 +90,7 @@ def cmd_eval(overrides: list[str]) -> int:
             cfg,
             traces=TraceWriter(run_dir / "traces.jsonl"),
             on_batch=lambda n: progress.advance(bar, n),
+            write_lessons=cfg.eval.write_lessons,
         )
     system.close()
     table = Table(title=f"roles: {', '.join(r.name for r in system.roles)}")
@@ -113,6 +114,10 @@ def cmd_eval(overrides: list[str]) -> int:
 
 
 def cmd_train(overrides: list[str], command: str = "train") -> int:
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
+    if resume and not any(o.startswith("run_dir=") for o in overrides):
+        # A resumed run goes on in its own folder: same memory, same checkpoints, same event files.
+        overrides = [*overrides, f"run_dir={run_folder(Path(resume))}"]
     cfg = load_config(overrides)
     run_dir = start_run(cfg, command)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
@@ -124,6 +129,15 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     console.print(f"TensorBoard: tensorboard --logdir {run_dir}   then open http://localhost:6006")
     console.print(f"traces: {run_dir / 'traces.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")
     return 0
+
+
+def run_folder(resume: Path) -> Path:
+    """The run folder of `resume=`: a run folder, its checkpoints folder, or one checkpoint in it."""
+    if resume.name.startswith("step-"):
+        return resume.parent.parent
+    if resume.name == "checkpoints":
+        return resume.parent
+    return resume
 
 
 def _quote(text: str) -> str:

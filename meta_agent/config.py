@@ -117,6 +117,7 @@ class EvalSchema:
     limit: int = 8  # problems per task; null for all
     episodes_per_batch: int = 8  # episodes played together in one batched rollout
     temperature: float = 0.0  # 0 = greedy evaluation
+    write_lessons: bool = False  # meta-agent eval: keep test-set lessons out of memory by default
 
 
 @dataclass

@@ -386,7 +386,9 @@ class Episode:
         if self.meta is None:
             return False
         shown = [t for t in self.turns if t.kind == PLAN or (t.kind == REFLECT and t.round < self.round)]
-        return any(states_answer(t.text, self.task.answer, self.meta.grammar) for t in shown)
+        return any(
+            states_answer(t.text, self.task.answer, self.meta.grammar, self.task.question) for t in shown
+        )
 
 
 def _tail(text: str, n: int) -> str:

@@ -10,6 +10,7 @@ One step: G episodes of the whole hierarchy per task -> rewards per role -> adva
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,13 +46,17 @@ class Stage:
     best_sft_accuracy: float = -1.0
     base_accuracy: float | None = None
     sft_accuracy: float | None = None
+    memory_max_id: int = 0  # newest memory entry at the checkpoint; later writes are undone on resume
 
 
 def trainer_settings(cfg: DictConfig, system: System, *, sft: bool = False) -> TrainerSettings:
     scale = cfg.sft.lr_scale if sft else 1.0
     return TrainerSettings(
         lr={name: role.lr * scale for name, role in cfg.roles.items()},
-        temperature={r.name: max(r.sampling.temperature, 1e-3) for r in system.roles},
+        # Greedy rollouts record logprobs at temperature 1 (the backend's convention): score them there.
+        temperature={
+            r.name: r.sampling.temperature if r.sampling.temperature > 0 else 1.0 for r in system.roles
+        },
         grpo=GRPOSettings(**plain(cfg.grpo)),
         micro_batch_size=cfg.train.micro_batch_size,
         max_grad_norm=cfg.train.max_grad_norm,
@@ -70,7 +75,7 @@ def next_tasks(pool: Sequence[Task], pos: int, n: int, seed: int) -> list[Task]:
     return out
 
 
-def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str]) -> dict[str, float]:
+def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str], meta: str | None) -> dict[str, float]:
     n = max(len(episodes), 1)
     metrics = {
         "rollout/accuracy": sum(ep.correct for ep in episodes) / n,
@@ -90,7 +95,8 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str]) -> dict[s
         metrics[f"role/{role}/tool_calls"] = sum(len(t.tool_calls) for t in turns) / n
         metrics[f"role/{role}/tool_errors"] = sum(1 for t in turns for c in t.tool_calls if not c.ok) / n
         metrics[f"role/{role}/format_ok"] = sum(t.format_ok for t in turns) / len(turns)
-    metrics["role/meta_thinker/answer_leaks"] = metrics["rollout/answer_leaks"]
+    if meta is not None:
+        metrics[f"role/{meta}/answer_leaks"] = metrics["rollout/answer_leaks"]
     return metrics
 
 
@@ -121,12 +127,13 @@ def run_sft(cfg, system, log, eval_tasks, state: Stage, ckpt_root: Path) -> None
     episodes = list(by_episode)
     since_best = 0
     best_dir = ckpt_root / "sft-best"
+    shutil.rmtree(best_dir, ignore_errors=True)  # never start GRPO from an earlier run's adapters
     while state.step < cfg.sft.max_steps:
         chosen = next_tasks(episodes, state.step * cfg.sft.batch_size, cfg.sft.batch_size, cfg.seed)
         result = trainer.sft_step([t for e in chosen for t in by_episode[e]])
         state.step += 1
         log.scalars({f"sft/{k}": v for k, v in result.metrics.items()}, state.step)
-        if state.step % cfg.sft.eval_every == 0:
+        if state.step % cfg.sft.eval_every == 0 or state.step == cfg.sft.max_steps:
             acc = held_out(system, cfg, eval_tasks, None)
             log.scalars({"sft/eval/accuracy": acc}, state.step)
             console.print(f"sft step {state.step}: held-out accuracy {acc:.3f}")
@@ -149,6 +156,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     traces = TraceWriter(run_dir / "traces.jsonl")
     ckpt_root = run_dir / "checkpoints"
     role_names = [r.name for r in system.roles]
+    meta_name = next((r.name for r in system.roles if r.kind == "meta_thinker"), None)
     pool = load_tasks(cfg.train.task, "train", limit=cfg.train.pool, seed=cfg.seed)
     eval_tasks = {
         cfg.train.eval_task: load_tasks(
@@ -160,6 +168,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system))
         _, saved = load_checkpoint(resolve_resume(cfg.resume), trainer)
         state = Stage(**saved["stage"])
+        if system.memory is not None:
+            # Lessons committed after the checkpoint belong to steps that will be replayed.
+            system.memory.delete([i for i in system.memory.ids() if i > state.memory_max_id])
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
         state = Stage(stage="sft" if cfg.sft.enabled else "grpo")
@@ -197,7 +208,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             elapsed = time.perf_counter() - started
             tokens = sum(t.generated_tokens for ep in episodes for t in ep.turns)
             state.generated_tokens += tokens
-            metrics = {**result.metrics, **rollout_metrics(episodes, role_names)}
+            metrics = {**result.metrics, **rollout_metrics(episodes, role_names, meta_name)}
             metrics.update(
                 {"time/step_s": elapsed, "time/rollout_s": rollout_s, "time/tokens_per_s": tokens / elapsed}
             )
@@ -210,15 +221,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                 accuracy = held_out(system, cfg, eval_tasks, None)
                 log.scalars({"eval/accuracy": accuracy}, state.step)
             if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.steps:
-                save_checkpoint(
-                    ckpt_root, state.step, trainer, {"stage": vars(state)}, keep=cfg.train.keep_checkpoints
-                )
+                checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
             reward = sum(ep.rewards.get(role_names[-1], 0.0) for ep in episodes) / len(episodes)
             info = f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {accuracy:.2f}  {elapsed:.1f} s/step"
             progress.update(bar, advance=1, info=info)
     if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
-        accuracy = held_out(system, cfg, eval_tasks, None)  # stopped early by the token budget
+        # Stopped early by the token budget: evaluate and keep what the run reached.
+        accuracy = held_out(system, cfg, eval_tasks, None)
         log.scalars({"eval/accuracy": accuracy}, state.step)
+        checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
     final = {"eval/accuracy_before": state.base_accuracy}
     if state.sft_accuracy is not None:
         final["eval/accuracy_after_sft"] = state.sft_accuracy
@@ -229,6 +240,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     log.close()
     system.close()
     return final
+
+
+def checkpoint(system: System, trainer: PolicyTrainer, state: Stage, root: Path, keep: int) -> None:
+    if system.memory is not None:
+        state.memory_max_id = max(system.memory.ids(), default=0)
+    save_checkpoint(root, state.step, trainer, {"stage": vars(state)}, keep=keep)
 
 
 def _attach_advantages(episodes: Sequence[Episode], advantages: Sequence[float]) -> None:

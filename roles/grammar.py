@@ -126,8 +126,12 @@ def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
     return MetaOutput(plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict)
 
 
-def states_answer(text: str, answer: str | None, grammar: Grammar) -> bool:
-    """Whether a meta-thinker's text gives the answer away (answer tags, or the answer itself)."""
+def states_answer(text: str, answer: str | None, grammar: Grammar, question: str = "") -> bool:
+    """Whether a meta-thinker's text gives the answer away (answer tags, or the answer itself).
+
+    Step numbers ("1. ...") and numbers the question already states are not leaks: a plan may
+    repeat the question's numbers, and a small answer may coincide with a step number.
+    """
     if grammar.answer[0] in text or "\\boxed" in text:
         return True
     if not answer:
@@ -136,5 +140,14 @@ def states_answer(text: str, answer: str | None, grammar: Grammar) -> bool:
     if not norm:
         return False
     if _NUMBER.fullmatch(norm):
-        return norm in {n.replace(",", "").rstrip(".") for n in _NUMBER.findall(text)}
-    return len(norm) >= 3 and norm in text
+        if norm in _numbers(question):
+            return False
+        return norm in _numbers(_STEP_NUMBER.sub("", text))
+    return len(norm) >= 3 and norm in text and norm not in question
+
+
+_STEP_NUMBER = re.compile(r"(?m)^\s*\d+[.)]\s")
+
+
+def _numbers(text: str) -> set[str]:
+    return {n.replace(",", "").rstrip(".") for n in _NUMBER.findall(text)}

@@ -90,10 +90,26 @@ def completion_logprobs(model: torch.nn.Module, batch: TurnBatch, temperature: f
     return token_logprobs(completion_logits(model, batch), batch.targets, temperature=temperature)
 
 
-def micro_batches(turns: Sequence[Turn], size: int) -> list[list[Turn]]:
-    """Split turns into micro-batches of similar length (less padding), in a stable order."""
+def micro_batches(turns: Sequence[Turn], size: int, *, whole_episodes: bool = False) -> list[list[Turn]]:
+    """Split turns into micro-batches of similar length (less padding), in a stable order.
+
+    `whole_episodes` keeps every turn of an episode in one micro-batch (a sequence-level ratio
+    pools over the episode); a micro-batch then holds whole episodes up to `size` turns, or one
+    larger episode.
+    """
     if size < 1:
         raise ValueError(f"micro batch size must be >= 1, got {size}")
     order = sorted(range(len(turns)), key=lambda i: len(turns[i].prompt_ids) + len(turns[i].completion_ids))
     ordered = [turns[i] for i in order]
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    if not whole_episodes:
+        return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    episodes: dict[int, list[Turn]] = {}
+    for t in ordered:
+        episodes.setdefault(t.episode, []).append(t)
+    chunks: list[list[Turn]] = []
+    for group in episodes.values():
+        if chunks and len(chunks[-1]) + len(group) <= size:
+            chunks[-1].extend(group)
+        else:
+            chunks.append(list(group))
+    return chunks

@@ -137,7 +137,9 @@ class PolicyTrainer:
         temperature = self.settings.temperature.get(role, 1.0)
         self.backbone.activate(role)
         self.model.train()
-        chunks = micro_batches(turns, self.settings.micro_batch_size)
+        chunks = micro_batches(
+            turns, self.settings.micro_batch_size, whole_episodes=g.ratio_level == "sequence"
+        )
         total_tokens = sum(sum(t.loss_mask) for t in turns)
         sums: dict[str, float] = defaultdict(float)
         for chunk in chunks:

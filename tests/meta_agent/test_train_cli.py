@@ -123,13 +123,14 @@ def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir,
         "grpo.beta=0.5",
         "train.eval_every=100",
         "train.checkpoint_every=1",
-        "memory.enabled=false",
+        "memory.path=${run_dir}/memory",
     ]
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     assert run_cli("train", *common, "train.steps=3", f"run_dir={whole}", cwd=tmp_path).returncode == 0
     first = run_cli("train", *common, "train.steps=2", f"run_dir={parts}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr + first.stdout
-    resumed = run_cli("train", *common, "train.steps=3", f"run_dir={parts}", f"resume={parts}", cwd=tmp_path)
+    # No run_dir: a resumed run goes on in the folder it resumes.
+    resumed = run_cli("train", *common, "train.steps=3", f"resume={parts}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert "resumed" in resumed.stdout
     a = adapter_tensors(whole / "checkpoints" / "step-000003")

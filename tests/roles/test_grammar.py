@@ -60,3 +60,10 @@ def test_states_answer():
     assert states_answer("<answer>5</answer>", None, G)
     assert not states_answer("<plan>multiply 12 by 3 then subtract</plan>", "33", G)
     assert not states_answer("step 12", "1", G)  # a digit inside another number is no leak
+
+
+def test_step_numbers_and_the_questions_own_numbers_are_no_leak():
+    plan = "<plan>\n1. Add the apples.\n2. Subtract 3 eaten ones.\n3. Answer.</plan>"
+    assert not states_answer(plan, "2", G)  # "2." is a step number
+    assert not states_answer(plan, "3", G, question="Tom has 5 apples and eats 3.")
+    assert states_answer(plan, "3", G, question="Tom has 5 apples and eats 2.")

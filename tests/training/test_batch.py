@@ -52,3 +52,15 @@ def test_trainer_logprobs_match_rollout_logprobs(tiny_backbone, tokenizer):
         logprobs = completion_logprobs(tiny_backbone.model, batch, temperature=0.7)
     mask = batch.loss_mask.bool()
     assert torch.allclose(logprobs[mask], batch.old_logprobs[mask], atol=1e-4)
+
+
+def test_micro_batches_keep_episodes_whole_when_asked():
+    turns = [
+        Turn("r", "g", tuple(range(n)), (1,), (1,), (0.0,), episode=ep)
+        for n, ep in [(9, 0), (1, 0), (5, 1), (2, 2), (3, 1)]
+    ]
+    chunks = micro_batches(turns, 2, whole_episodes=True)
+    for chunk in chunks:
+        for ep in {t.episode for t in chunk}:
+            assert sum(t.episode == ep for t in turns) == sum(t.episode == ep for t in chunk)
+    assert sorted(len(t.prompt_ids) for c in chunks for t in c) == [1, 2, 3, 5, 9]

@@ -125,3 +125,37 @@ def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
 def test_missing_learning_rate_is_a_clear_error(tokenizer):
     with pytest.raises(ValueError, match="meta_thinker"):
         PolicyTrainer(fresh(tokenizer), TrainerSettings(lr={"executor": 1e-3}))
+
+
+def test_sequence_level_ratio_is_the_same_with_any_micro_batch_size(tokenizer):
+    """A sequence-level ratio pools over an episode's turns: micro-batching must not split them."""
+    rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
+    adapters = []
+    for micro in (1, 16):
+        backbone = fresh(tokenizer)
+        turns = rollout_turns(backbone, rewards)
+        turns += [
+            Turn(
+                t.role,
+                t.group,
+                t.prompt_ids[:-1],
+                t.completion_ids,
+                t.loss_mask,
+                t.logprobs,
+                t.reward,
+                t.episode,
+            )
+            for t in turns
+        ]
+        settings = TrainerSettings(
+            lr=dict.fromkeys(ROLES, 1e-2),
+            micro_batch_size=micro,
+            max_grad_norm=1e9,
+            grpo=GRPOSettings(filter_zero_variance=False, ratio_level="sequence"),
+        )
+        trainer = PolicyTrainer(backbone, settings)
+        trainer.grpo_step(turns)
+        trainer.grpo_step(turns)  # the second step has ratios != 1, where pooling matters
+        adapters.append({n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n})
+    for name, value in adapters[0].items():
+        assert torch.allclose(value, adapters[1][name], atol=1e-5), name
