@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -92,22 +94,29 @@ def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(to
             assert torch.equal(p, base_before[n]), f"base weight {n} changed"
 
 
-def test_gradient_accumulation_matches_one_big_batch(tokenizer):
+def adapters_after(
+    tokenizer, micro: int, grpo: GRPOSettings, *, steps: int = 1, two_turns: bool = False
+) -> dict:
+    """LoRA weights after `steps` GRPO steps on fresh rollouts with the given micro-batch size."""
     rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
-    adapters = []
-    for micro in (1, 16):
-        backbone = fresh(tokenizer)
-        turns = rollout_turns(backbone, rewards)
-        settings = TrainerSettings(
-            lr=dict.fromkeys(ROLES, 1e-2),
-            micro_batch_size=micro,
-            max_grad_norm=1e9,
-            grpo=GRPOSettings(filter_zero_variance=False),
-        )
-        PolicyTrainer(backbone, settings).grpo_step(turns)
-        adapters.append({n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n})
-    for name, value in adapters[0].items():
-        assert torch.allclose(value, adapters[1][name], atol=1e-5), name
+    backbone = fresh(tokenizer)
+    turns = rollout_turns(backbone, rewards)
+    if two_turns:  # a second, shorter-prompt turn per (role, episode), like a plan and a reflection
+        turns += [replace(t, prompt_ids=t.prompt_ids[:-1]) for t in turns]
+    settings = TrainerSettings(
+        lr=dict.fromkeys(ROLES, 1e-2), micro_batch_size=micro, max_grad_norm=1e9, grpo=grpo
+    )
+    trainer = PolicyTrainer(backbone, settings)
+    for _ in range(steps):
+        trainer.grpo_step(turns)
+    return {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n}
+
+
+def test_gradient_accumulation_matches_one_big_batch(tokenizer):
+    grpo = GRPOSettings(filter_zero_variance=False)
+    small, big = adapters_after(tokenizer, 1, grpo), adapters_after(tokenizer, 16, grpo)
+    for name, value in small.items():
+        assert torch.allclose(value, big[name], atol=1e-5), name
 
 
 def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
@@ -129,33 +138,9 @@ def test_missing_learning_rate_is_a_clear_error(tokenizer):
 
 def test_sequence_level_ratio_is_the_same_with_any_micro_batch_size(tokenizer):
     """A sequence-level ratio pools over an episode's turns: micro-batching must not split them."""
-    rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
-    adapters = []
-    for micro in (1, 16):
-        backbone = fresh(tokenizer)
-        turns = rollout_turns(backbone, rewards)
-        turns += [
-            Turn(
-                t.role,
-                t.group,
-                t.prompt_ids[:-1],
-                t.completion_ids,
-                t.loss_mask,
-                t.logprobs,
-                t.reward,
-                t.episode,
-            )
-            for t in turns
-        ]
-        settings = TrainerSettings(
-            lr=dict.fromkeys(ROLES, 1e-2),
-            micro_batch_size=micro,
-            max_grad_norm=1e9,
-            grpo=GRPOSettings(filter_zero_variance=False, ratio_level="sequence"),
-        )
-        trainer = PolicyTrainer(backbone, settings)
-        trainer.grpo_step(turns)
-        trainer.grpo_step(turns)  # the second step has ratios != 1, where pooling matters
-        adapters.append({n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n})
-    for name, value in adapters[0].items():
-        assert torch.allclose(value, adapters[1][name], atol=1e-5), name
+    grpo = GRPOSettings(filter_zero_variance=False, ratio_level="sequence")
+    # Two steps: the second has ratios != 1, where pooling matters.
+    small = adapters_after(tokenizer, 1, grpo, steps=2, two_turns=True)
+    big = adapters_after(tokenizer, 16, grpo, steps=2, two_turns=True)
+    for name, value in small.items():
+        assert torch.allclose(value, big[name], atol=1e-5), name
