@@ -100,11 +100,9 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str], meta: str
     return metrics
 
 
-def held_out(
-    system: System, cfg: DictConfig, tasks: dict[str, list[Task]], traces: TraceWriter | None
-) -> float:
+def held_out(system: System, cfg: DictConfig, tasks: dict[str, list[Task]]) -> float:
     # No lesson writes: what the roles saw of the test set must not reach the memory they train with.
-    scores = system.evaluate(tasks, cfg, traces=traces, write_lessons=False)
+    scores = system.evaluate(tasks, cfg, write_lessons=False)
     return sum(s.correct for s in scores.values()) / max(sum(s.total for s in scores.values()), 1)
 
 
@@ -134,7 +132,7 @@ def run_sft(cfg, system, log, eval_tasks, state: Stage, ckpt_root: Path) -> None
         state.step += 1
         log.scalars({f"sft/{k}": v for k, v in result.metrics.items()}, state.step)
         if state.step % cfg.sft.eval_every == 0 or state.step == cfg.sft.max_steps:
-            acc = held_out(system, cfg, eval_tasks, None)
+            acc = held_out(system, cfg, eval_tasks)
             log.scalars({"sft/eval/accuracy": acc}, state.step)
             console.print(f"sft step {state.step}: held-out accuracy {acc:.3f}")
             if acc > state.best_sft_accuracy:
@@ -174,7 +172,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
         state = Stage(stage="sft" if cfg.sft.enabled else "grpo")
-        state.base_accuracy = held_out(system, cfg, eval_tasks, None)
+        state.base_accuracy = held_out(system, cfg, eval_tasks)
         log.scalars({"eval/accuracy": state.base_accuracy}, 0)
         console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
         if state.stage == "sft":
@@ -218,7 +216,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
                     log.text(f"traces/episode_{k}", episode_markdown(ep), state.step)
                 traces.write(episodes, split="train", step=state.step)
             if state.step % cfg.train.eval_every == 0 or state.step == cfg.train.steps:
-                accuracy = held_out(system, cfg, eval_tasks, None)
+                accuracy = held_out(system, cfg, eval_tasks)
                 log.scalars({"eval/accuracy": accuracy}, state.step)
             if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.steps:
                 checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
@@ -227,7 +225,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             progress.update(bar, advance=1, info=info)
     if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
         # Stopped early by the token budget: evaluate and keep what the run reached.
-        accuracy = held_out(system, cfg, eval_tasks, None)
+        accuracy = held_out(system, cfg, eval_tasks)
         log.scalars({"eval/accuracy": accuracy}, state.step)
         checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
     final = {"eval/accuracy_before": state.base_accuracy}
