@@ -1,7 +1,8 @@
 """The `meta-agent` command.
 
     meta-agent solve "A depot holds 48,213 crates ..." [key=value ...]
-    meta-agent eval [eval.tasks=[arith,gsm8k]] [eval.limit=20] [roles=single_agent] [key=value ...]
+    meta-agent eval [eval.tasks=[arith,gsm8k]] [eval.limit=20] [adapters=runs/X/checkpoints/sft-best] [key=value ...]
+    meta-agent demos sft.source=arith sft.examples=64 demos_out=runs/demos/arith.jsonl
 
 Overrides are Hydra's (configs/config.yaml lists every key). Each run writes its resolved config
 and its traces (JSON lines) into `run_dir`.
@@ -22,7 +23,8 @@ from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meta_agent.config import load_config
+from meta_agent.config import limits, load_config
+from meta_agent.demos import SOURCES, demo_path, make_demos, read_demos, write_demos
 from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
@@ -40,9 +42,12 @@ commands:
   eval               evaluate on benchmark tasks; prints accuracy per task, writes traces.jsonl
   train              SFT warm start (if the experiment has one), then joint multi-agent GRPO
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
+  demos              write sft.examples demonstrations of sft.source (arith | gsm8k) to demos_out,
+                     a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
   config             print the resolved config
 
 overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
+                   adapters=runs/X/checkpoints/sft-best (trained roles for solve, eval, train)  sft.source=runs/demos/arith.jsonl
 """
 
 
@@ -113,6 +118,36 @@ def cmd_eval(overrides: list[str]) -> int:
     return 0
 
 
+def cmd_demos(overrides: list[str]) -> int:
+    cfg = load_config(overrides)
+    if demo_path(cfg.sft.source) is not None:
+        raise ValueError(
+            f"meta-agent demos generates demonstrations: sft.source={cfg.sft.source} must be one of {SOURCES}"
+        )
+    run_dir = start_run(cfg, "demos")
+    out = Path(cfg.demos_out) if cfg.demos_out else run_dir / "demos.jsonl"
+    # The same roles, tools, chat format and limits as run_sft, so the file trains like the generator.
+    with console.status("loading the backbone"):
+        system = build_system(cfg)
+    with console.status(f"playing {cfg.sft.examples} {cfg.sft.source} demonstrations"):
+        episodes = make_demos(
+            cfg.sft.source,
+            cfg.sft.examples,
+            system.roles,
+            system.chat,
+            system.registry,
+            seed=cfg.seed,
+            limits=limits(cfg),
+        )
+    system.close()
+    if not episodes:
+        raise ValueError(f"no {cfg.sft.source} demonstrations were made: raise sft.examples above 0")
+    turns = read_demos(write_demos(episodes, out), roles=[r.name for r in system.roles])
+    console.print(f"wrote {len(episodes)} demonstration episodes ({len(turns)} turns) to {out}")
+    console.print(f"train on them: meta-agent sft sft.source={out}")
+    return 0
+
+
 def cmd_train(overrides: list[str], command: str = "train") -> int:
     resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
     if resume and not any(o.startswith("run_dir=") for o in overrides):
@@ -173,6 +208,8 @@ def _dispatch(args: list[str]) -> int:
         return cmd_train(rest)
     if command == "sft":
         return cmd_train(["sft.enabled=true", "train.steps=0", *rest], command="sft")
+    if command == "demos":
+        return cmd_demos(rest)
     if command == "config":
         print(OmegaConf.to_yaml(load_config(rest)))
         return 0

@@ -37,6 +37,7 @@ class ModelSchema:
 class BackendSchema:
     name: str = "hf"  # generation backend: hf (transformers) now, vllm with its extra later
     batch_size: int = 16  # rows per forward pass
+    prefix_cache_mb: float = 2048  # hf: key/value states kept for prompts that extend earlier ones; 0 = off
 
 
 @dataclass
@@ -156,8 +157,8 @@ class TrainSchema:
 @dataclass
 class SFTSchema:
     enabled: bool = False
-    source: str = "arith"  # arith | gsm8k: demonstrations generated from the task's train split
-    examples: int = 256  # demonstration episodes
+    source: str = "arith"  # arith | gsm8k (generated from the task's train split) | a .jsonl demos file
+    examples: int = 256  # demonstration episodes generated (a .jsonl source is used whole)
     batch_size: int = 8  # episodes per step
     max_steps: int = 200
     eval_every: int = 10
@@ -181,6 +182,8 @@ class Config:
     train: TrainSchema = field(default_factory=TrainSchema)
     sft: SFTSchema = field(default_factory=SFTSchema)
     resume: str | None = None  # a checkpoint folder or a run folder: continue exactly where it stopped
+    adapters: str | None = None  # saved role adapters to start from: an adapters, checkpoint or run folder
+    demos_out: str | None = None  # `meta-agent demos` writes here; null = <run_dir>/demos.jsonl
 
 
 ConfigStore.instance().store(name="schema", node=Config)

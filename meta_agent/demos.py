@@ -2,8 +2,9 @@
 
     roles = role_specs(load_config(["roles=hierarchy"]))
     episodes = make_demos("arith", 256, roles, ChatFormat(tokenizer), default_registry())
-    write_demos(episodes, "runs/demos/arith.jsonl")
+    write_demos(episodes, "runs/demos/arith.jsonl")  # or: meta-agent demos demos_out=runs/demos/arith.jsonl
     turns = read_demos("runs/demos/arith.jsonl")  # the same Turns as ep.training_turns(i)
+    # meta-agent sft sft.source=runs/demos/arith.jsonl trains on them
 
 A `DemoScript` holds the text of every role turn. `play_demo` feeds it through `Episode.advance_text`,
 so prompts, tool results (mask 0) and rewards are exactly what a rollout produces, and raises
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from meta_agent.chat import ChatFormat
@@ -54,6 +55,7 @@ __all__ = [
     "arith_actions",
     "arith_ops",
     "calculate",
+    "demo_path",
     "gsm8k_actions",
     "make_demos",
     "plan_text",
@@ -178,7 +180,10 @@ def make_demos(
     are skipped, so fewer than `n` come back only when the file runs out.
     """
     if name not in SOURCES:
-        raise ValueError(f"demonstrations come from {SOURCES}, not {name!r} (sft.source)")
+        raise ValueError(
+            f"sft.source={name} is neither a demonstration generator {SOURCES} nor a .jsonl file of "
+            "demonstrations (write one with `meta-agent demos sft.source=arith demos_out=FILE.jsonl`)"
+        )
     if n < 0:
         raise ValueError(f"need n >= 0 demonstrations, got {n}")
     grammar = roles[0].grammar
@@ -221,35 +226,64 @@ def write_demos(episodes: Sequence[Episode], path: Path | str) -> Path:
     return path
 
 
-def read_demos(path: Path | str) -> list[Turn]:
-    """The Turns written by write_demos; FileNotFoundError or ValueError naming the path and line."""
+def demo_path(source: str) -> Path | None:
+    """The demonstration file `sft.source` names, or None when it names a generator in SOURCES.
+
+    A file is anything else that ends in .jsonl or exists, so a missing file is reported as one.
+    """
+    if source in SOURCES:
+        return None
+    path = Path(source).expanduser()
+    return path if source.endswith(".jsonl") or path.is_file() else None
+
+
+def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[Turn]:
+    """The Turns written by write_demos, each role one of `roles` when given.
+
+    Raises FileNotFoundError for a missing file, ValueError naming the path (and line) for an empty
+    file, a line that is not a turn, or a role outside `roles`.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"demonstration file {path} not found; write it with meta_agent.demos.write_demos"
+            f"demonstration file {path} not found: write it with "
+            f"`meta-agent demos sft.source=arith demos_out={path}` (or meta_agent.demos.write_demos)"
         )
     turns = []
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                turn = Turn(
-                    role=str(row["role"]),
-                    group=str(row["group"]),
-                    prompt_ids=tuple(int(i) for i in row["prompt_ids"]),
-                    completion_ids=tuple(int(i) for i in row["completion_ids"]),
-                    loss_mask=tuple(int(m) for m in row["loss_mask"]),
-                    logprobs=tuple(float(x) for x in row["logprobs"]),
-                    reward=float(row["reward"]),
-                    episode=int(row["episode"]),
-                )
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(
-                    f"{path}:{line_no}: not a demonstration turn ({type(e).__name__}: {e})"
-                ) from e
-            if not len(turn.completion_ids) == len(turn.loss_mask) == len(turn.logprobs):
-                raise ValueError(f"{path}:{line_no}: completion_ids, loss_mask and logprobs differ in length")
-            turns.append(turn)
+            if line.strip():
+                turns.append(_read_turn(line, f"{path}:{line_no}", roles))
+    if not turns:
+        raise ValueError(
+            f"demonstration file {path} is empty: write demonstrations into it with `meta-agent demos`"
+        )
     return turns
+
+
+def _read_turn(line: str, where: str, roles: Collection[str] | None) -> Turn:
+    try:
+        row = json.loads(line)
+        turn = Turn(
+            role=str(row["role"]),
+            group=str(row["group"]),
+            prompt_ids=tuple(int(i) for i in row["prompt_ids"]),
+            completion_ids=tuple(int(i) for i in row["completion_ids"]),
+            loss_mask=tuple(int(m) for m in row["loss_mask"]),
+            logprobs=tuple(float(x) for x in row["logprobs"]),
+            reward=float(row["reward"]),
+            episode=int(row["episode"]),
+        )
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{where}: not a demonstration turn ({type(e).__name__}: {e}); "
+            "rewrite the file with `meta-agent demos`"
+        ) from e
+    if not len(turn.completion_ids) == len(turn.loss_mask) == len(turn.logprobs):
+        raise ValueError(f"{where}: completion_ids, loss_mask and logprobs differ in length")
+    if roles is not None and turn.role not in roles:
+        raise ValueError(
+            f"{where}: role {turn.role!r} is not a configured role ({', '.join(roles)}): write the "
+            "demonstrations with the roles= of this run, or train with the roles that wrote them"
+        )
+    return turn

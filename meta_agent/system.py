@@ -20,9 +20,15 @@ from meta_agent.trace import TraceWriter
 from roles import RoleSpec
 from tools import default_registry
 from tools.registry import ToolRegistry
-from training.backbone import AdapterConfig, Backbone, ModelConfig
+from training.backbone import ADAPTER_WEIGHTS, AdapterConfig, Backbone, ModelConfig
+from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
 from training.generation import make_backend
 from training.types import GenerationBackend, SamplingParams
+
+ADAPTERS_HELP = (
+    "pass a folder of <role>/ adapters (runs/X/checkpoints/sft-best), a checkpoint "
+    "(runs/X/checkpoints/step-000020) or a run folder (runs/X)"
+)
 
 
 @dataclass
@@ -107,9 +113,59 @@ def build_registry(cfg: DictConfig, memory: Memory | None) -> ToolRegistry:
     return default_registry(memory, sandbox=plain(cfg.tools.sandbox), memory_k=cfg.tools.memory_search_k)
 
 
+def adapters_folder(value: str, roles: Sequence[str]) -> Path:
+    """The folder of `<role>/` adapters that `adapters=value` names, holding one for every role.
+
+    `value` is such a folder (runs/X/checkpoints/sft-best), a checkpoint (its adapters/), a
+    checkpoints folder or a run folder (the newest complete checkpoint's adapters/).
+    """
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"adapters={value} does not exist: {ADAPTERS_HELP}")
+    folder = _find_adapters(path)
+    if folder is None:
+        raise FileNotFoundError(f"adapters={value} holds no saved role adapters: {ADAPTERS_HELP}")
+    found = sorted(p.name for p in folder.iterdir() if (p / ADAPTER_WEIGHTS).is_file())
+    missing = [role for role in roles if role not in found]
+    if missing:
+        raise FileNotFoundError(
+            f"adapters={value}: {folder} has no adapter for role(s) {', '.join(missing)} (it has "
+            f"{', '.join(found) or 'none'}): use adapters saved by a run with the same roles, or pick those roles=..."
+        )
+    return folder
+
+
+def _find_adapters(path: Path) -> Path | None:
+    if any((p / ADAPTER_WEIGHTS).is_file() for p in path.iterdir()):
+        return path
+    if (path / ADAPTERS_DIR).is_dir():
+        return path / ADAPTERS_DIR
+    for root in (path, path / CHECKPOINTS_DIR):
+        checkpoint = latest_checkpoint(root)
+        if checkpoint is not None:
+            return checkpoint / ADAPTERS_DIR
+    return None
+
+
+def load_saved_adapters(backbone: Backbone, folder: Path) -> None:
+    """Copy the saved adapters of `folder` into `backbone`; a shape mismatch names its fix."""
+    try:
+        backbone.load_adapters(folder)
+    except RuntimeError as err:  # size mismatch: saved with another rank or other target modules
+        raise ValueError(
+            f"the adapters in {folder} do not fit the configured ones ({err}): use the roles.<role>.adapter "
+            "settings (r, target_modules) of the run that saved them"
+        ) from err
+
+
 def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
-    """Everything a run needs. Pass `backbone` to reuse one already loaded (tests, notebooks)."""
+    """Everything a run needs, the role adapters of `adapters=` loaded if set.
+
+    Pass `backbone` to reuse one already loaded (tests, notebooks).
+    """
     roles = role_specs(cfg)
+    # Checked before anything loads, so a wrong adapters= fails in a second.
+    saved = adapters_folder(cfg.adapters, [r.name for r in roles]) if cfg.adapters else None
     memory = build_memory(cfg)
     if memory is None:
         # memory.enabled=false switches memory off everywhere, the memory_search tool included.
@@ -122,7 +178,14 @@ def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
             raise ValueError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}")
     if backbone is None:
         backbone = Backbone.load(model_config(cfg), adapter_configs(roles))
-    backend = make_backend(cfg.backend.name, backbone, batch_size=cfg.backend.batch_size)
+    if saved is not None:
+        load_saved_adapters(backbone, saved)
+    backend = make_backend(
+        cfg.backend.name,
+        backbone,
+        batch_size=cfg.backend.batch_size,
+        prefix_cache_mb=cfg.backend.prefix_cache_mb,
+    )
     chat = ChatFormat(backbone.tokenizer)
     factory = EpisodeFactory(roles, chat, registry, grade, limits(cfg), memory, memory_settings(cfg))
     return System(backbone, backend, chat, roles, registry, memory, factory)

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meta_agent.config import limits, plain
-from meta_agent.demos import make_demos
+from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.runner import play
 from meta_agent.system import System, build_system
@@ -31,6 +31,7 @@ from training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from training.grpo import GRPOSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer, TrainerSettings
+from training.types import Turn
 
 console = Console()
 
@@ -106,8 +107,14 @@ def held_out(system: System, cfg: DictConfig, tasks: dict[str, list[Task]]) -> f
     return sum(s.correct for s in scores.values()) / max(sum(s.total for s in scores.values()), 1)
 
 
-def run_sft(cfg, system, log, eval_tasks, state: Stage, ckpt_root: Path) -> None:
-    """Demonstrations through the same turn/mask machinery, until held-out accuracy stops rising."""
+def sft_turns(cfg: DictConfig, system: System) -> list[Turn]:
+    """The demonstration turns of `sft.source`: a .jsonl file written by `meta-agent demos`, or
+    `sft.examples` episodes generated from a task's train split."""
+    path = demo_path(cfg.sft.source)
+    if path is not None:
+        turns = read_demos(path, roles=[r.name for r in system.roles])
+        console.print(f"sft: {len(turns)} demonstration turns from {path}")
+        return turns
     demos = make_demos(
         cfg.sft.source,
         cfg.sft.examples,
@@ -117,7 +124,12 @@ def run_sft(cfg, system, log, eval_tasks, state: Stage, ckpt_root: Path) -> None
         seed=cfg.seed,
         limits=limits(cfg),
     )
-    turns = [turn for i, ep in enumerate(demos) for turn in ep.training_turns(i)]
+    return [turn for i, ep in enumerate(demos) for turn in ep.training_turns(i)]
+
+
+def run_sft(cfg, system, turns: Sequence[Turn], log, eval_tasks, state: Stage, ckpt_root: Path) -> None:
+    """Train on demonstration `turns` (see sft_turns), episode by episode, until held-out accuracy
+    stops rising."""
     by_episode: dict[int, list] = {}
     for t in turns:
         by_episode.setdefault(t.episode, []).append(t)
@@ -172,11 +184,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
         state = Stage(stage="sft" if cfg.sft.enabled else "grpo")
+        # Before the first evaluation, so a bad demonstration file fails at start-up.
+        demos = sft_turns(cfg, system) if state.stage == "sft" else []
         state.base_accuracy = held_out(system, cfg, eval_tasks)
         log.scalars({"eval/accuracy": state.base_accuracy}, 0)
         console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
         if state.stage == "sft":
-            run_sft(cfg, system, log, eval_tasks, state, ckpt_root)
+            run_sft(cfg, system, demos, log, eval_tasks, state, ckpt_root)
             console.print(f"held-out accuracy after SFT: {state.sft_accuracy:.3f}")
         trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system))
     sampling = system.sampling()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from meta_agent.demos import (
     Segment,
     arith_actions,
     arith_ops,
+    demo_path,
     gsm8k_actions,
     make_demos,
     plan_text,
@@ -152,6 +154,26 @@ def test_read_demos_names_the_path_of_a_missing_or_bad_file(tmp_path):
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1"):
         read_demos(bad)
+    bad.write_text("\n \n")
+    with pytest.raises(ValueError, match=r"bad.jsonl is empty.*meta-agent demos"):
+        read_demos(bad)
+
+
+def test_read_demos_names_a_role_outside_the_configured_ones(demos, tmp_path):
+    path = write_demos(demos["arith"][:2], tmp_path / "demos.jsonl")
+    assert len(read_demos(path, roles=["meta_thinker", "executor"])) == 6
+    with pytest.raises(
+        ValueError, match=r"demos.jsonl:1: role 'meta_thinker' is not a configured role \(executor\)"
+    ):
+        read_demos(path, roles=["executor"])
+
+
+def test_demo_path_tells_files_from_generators(tmp_path):
+    assert demo_path("arith") is None and demo_path("gsm8k") is None
+    assert demo_path("math500") is None  # neither: make_demos names it
+    assert demo_path("runs/demos/missing.jsonl") == Path("runs/demos/missing.jsonl")
+    (tmp_path / "demos.txt").write_text("")
+    assert demo_path(str(tmp_path / "demos.txt")) == tmp_path / "demos.txt"
 
 
 def test_single_agent_plays_the_executor_alone(role_sets, chat, registry):
@@ -218,5 +240,5 @@ def test_plan_text_avoids_stating_small_answers():
 
 
 def test_make_demos_rejects_unknown_sources(role_sets, chat, registry):
-    with pytest.raises(ValueError, match="math500"):
+    with pytest.raises(ValueError, match=r"sft.source=math500 is neither .* nor a .jsonl file"):
         make_demos("math500", 1, role_sets["hierarchy"], chat, registry)
