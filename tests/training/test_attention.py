@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import ROLES
-from training.attention import NAME
+from training.attention import NAME, sdpa_gqa_attention
 
 
 def forward_backward(backbone, impl: str, ids, mask):
@@ -34,3 +34,17 @@ def test_gqa_attention_matches_sdpa_with_padding(tiny_backbone):
         model.set_attn_implementation(NAME)
     assert torch.allclose(ours[0][mask.bool()], theirs[0][mask.bool()], atol=1e-5)
     assert torch.allclose(ours[1], theirs[1], atol=1e-5)
+
+
+def test_one_query_attention_matches_sdpa_under_a_padding_mask():
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 6, 1, 8), torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8)
+    mask = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    mask[0, ..., :4] = False  # a left-padded row
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    for attention_mask in (mask, torch.zeros(3, 1, 1, 10).masked_fill(~mask, float("-inf"))):
+        out, _ = sdpa_gqa_attention(torch.nn.Module(), query, key, value, attention_mask)
+        assert out.shape == (3, 1, 6, 8)
+        assert torch.allclose(out, expected, atol=1e-6)

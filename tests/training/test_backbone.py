@@ -102,6 +102,27 @@ def test_load_adapters_missing_role_folder(tiny_backbone, tmp_path):
         tiny_backbone.load_adapters(tmp_path)
 
 
+def test_top_layers_puts_lora_on_the_last_layers_only(tokenizer):
+    layers = build_tiny_model(tokenizer).config.num_hidden_layers
+    top = build_tiny_backbone(tokenizer, {"executor": AdapterConfig(r=2, top_layers=1)})
+    names = [name for name, _ in top._adapter_params("executor")]
+    assert names and all(f".layers.{layers - 1}." in name for name in names)
+    full = build_tiny_backbone(tokenizer, {"executor": AdapterConfig(r=2)})
+    assert len(list(full._adapter_params("executor"))) == layers * len(names)
+    with pytest.raises(ValueError, match="top_layers=9 must be between 1 and"):
+        build_tiny_backbone(tokenizer, {"executor": AdapterConfig(top_layers=9)})
+
+
+def test_dtype_auto_is_bf16_only_where_it_is_native(monkeypatch):
+    monkeypatch.setattr(backbone_module, "native_bf16", lambda device="cpu": True)
+    assert backbone_module.torch_dtype("auto") == torch.bfloat16
+    monkeypatch.setattr(backbone_module, "native_bf16", lambda device="cpu": False)
+    assert backbone_module.torch_dtype("auto") == torch.float32
+    assert backbone_module.torch_dtype("float32") == torch.float32
+    with pytest.raises(ValueError, match="model.dtype=int8 is not"):
+        backbone_module.torch_dtype("int8")
+
+
 def test_tiny_backbone_is_deterministic_per_seed(tokenizer):
     adapters = {"executor": AdapterConfig(r=2)}
     a, b, c = (build_tiny_backbone(tokenizer, adapters, seed=s, lora_b_std=0.1) for s in (1, 1, 2))
@@ -125,7 +146,8 @@ def test_load_from_local_folder(tiny_backbone, tokenizer, input_ids, tmp_path):
     base = build_tiny_model(tokenizer, seed=0)
     base.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    loaded = Backbone.load(ModelConfig(path=str(tmp_path), seed=3), {"executor": AdapterConfig(r=4)})
+    config = ModelConfig(path=str(tmp_path), seed=3, dtype="float32")
+    loaded = Backbone.load(config, {"executor": AdapterConfig(r=4)})
     assert resolve_model_dir(ModelConfig(path=str(tmp_path))) == tmp_path
     assert loaded.adapters == ("executor",) and loaded.device == torch.device("cpu")
     with loaded.disabled_adapters():

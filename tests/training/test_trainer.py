@@ -95,7 +95,7 @@ def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(to
 
 
 def adapters_after(
-    tokenizer, micro: int, grpo: GRPOSettings, *, steps: int = 1, two_turns: bool = False
+    tokenizer, micro: int, grpo: GRPOSettings, *, steps: int = 1, two_turns: bool = False, metrics=None
 ) -> dict:
     """LoRA weights after `steps` GRPO steps on fresh rollouts with the given micro-batch size."""
     rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
@@ -108,15 +108,26 @@ def adapters_after(
     )
     trainer = PolicyTrainer(backbone, settings)
     for _ in range(steps):
-        trainer.grpo_step(turns)
+        result = trainer.grpo_step(turns)
+    if metrics is not None:
+        metrics.update(result.metrics)
     return {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n}
 
 
 def test_gradient_accumulation_matches_one_big_batch(tokenizer):
     grpo = GRPOSettings(filter_zero_variance=False)
-    small, big = adapters_after(tokenizer, 1, grpo), adapters_after(tokenizer, 16, grpo)
+    norms: dict[int, dict] = {}
+    small = adapters_after(tokenizer, 1, grpo, metrics=norms.setdefault(1, {}))
+    big = adapters_after(tokenizer, 16, grpo, metrics=norms.setdefault(16, {}))
+    # The accumulated gradients: their norms catch a mis-weighted micro-batch, which Adam's first
+    # step (about lr * sign(g) per weight) would hide.
+    for role in ROLES:
+        key = f"role/{role}/grad_norm"
+        assert norms[1][key] == pytest.approx(norms[16][key], rel=1e-4)
+    # Adam divides by |g|: float noise in near-zero gradients (kernels differ with padding and thread
+    # count) moves such a weight by a few percent of lr = 1e-2.
     for name, value in small.items():
-        assert torch.allclose(value, big[name], atol=1e-5), name
+        assert torch.allclose(value, big[name], atol=1e-3), name
 
 
 def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
