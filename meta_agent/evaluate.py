@@ -52,11 +52,13 @@ def evaluate(
     traces: TraceWriter | None = None,
     on_batch: Callable[[int], None] | None = None,
     write_lessons: bool = True,
+    final_reflection: bool = True,
 ) -> dict[str, TaskScore]:
     """One episode per task, played `episodes_per_batch` at a time.
 
     Lessons are committed per batch unless `write_lessons` is False (held-out evaluation during
     training must not write what it saw of the test set into the memory it trains with).
+    `final_reflection=False` skips the last round's reflection, which cannot change an answer.
     """
     if episodes_per_batch < 1:
         raise ValueError(f"eval.episodes_per_batch must be >= 1, got {episodes_per_batch}")
@@ -64,7 +66,8 @@ def evaluate(
     for name, task_list in tasks.items():
         played: list[Episode] = []
         for start in range(0, len(task_list), episodes_per_batch):
-            batch = [factory.new(t) for t in task_list[start : start + episodes_per_batch]]
+            chunk = task_list[start : start + episodes_per_batch]
+            batch = [factory.new(t, final_reflection=final_reflection) for t in chunk]
             play(batch, backend, sampling, seed=seed + start)
             if write_lessons:
                 factory.commit_lessons(batch)

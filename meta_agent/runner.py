@@ -48,11 +48,20 @@ class EpisodeFactory:
         self.memory = memory
         self.memory_settings = memory_settings
 
-    def new(self, task: Task) -> Episode:
+    def new(self, task: Task, *, final_reflection: bool = True) -> Episode:
         hits = []
         if self.memory is not None and self.memory_settings.top_k > 0 and len(self.memory) > 0:
             hits = self.memory.search(task.question, k=self.memory_settings.top_k)
-        return Episode(task, self.roles, self.chat, self.registry, self.grade, self.limits, memories=hits)
+        return Episode(
+            task,
+            self.roles,
+            self.chat,
+            self.registry,
+            self.grade,
+            self.limits,
+            memories=hits,
+            final_reflection=final_reflection,
+        )
 
     def commit_lessons(self, episodes: Sequence[Episode]) -> int:
         """Write the lessons of finished episodes to memory; returns how many were written."""

@@ -60,6 +60,7 @@ class System:
         traces: TraceWriter | None = None,
         on_batch: Callable[[int], None] | None = None,
         write_lessons: bool = True,
+        final_reflection: bool = True,
     ) -> dict[str, TaskScore]:
         """Held-out evaluation with the `eval` settings of `cfg` (greedy by default)."""
         return evaluate(
@@ -72,6 +73,7 @@ class System:
             traces=traces,
             on_batch=on_batch,
             write_lessons=write_lessons,
+            final_reflection=final_reflection,
         )
 
     def close(self) -> None:
@@ -96,6 +98,7 @@ def adapter_configs(roles: list[RoleSpec]) -> dict[str, AdapterConfig]:
             alpha=r.adapter.alpha,
             dropout=r.adapter.dropout,
             target_modules=r.adapter.target_modules,
+            top_layers=r.adapter.top_layers,
         )
         for r in roles
     }
