@@ -45,6 +45,7 @@ class AdapterSpec:
         "up_proj",
         "down_proj",
     )
+    top_layers: int | None = None  # LoRA on the last N decoder layers only (None: all)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,17 @@ def make_episode(role_sets, chat, registry) -> Callable[..., Episode]:
         limits: Limits = Limits(),
         task: Task = TASK,
         memories: Sequence[MemoryHit] = (),
+        final_reflection: bool = True,
     ) -> Episode:
-        return Episode(task, role_sets[roles], chat, registry, grade, limits, memories=memories)
+        return Episode(
+            task,
+            role_sets[roles],
+            chat,
+            registry,
+            grade,
+            limits,
+            memories=memories,
+            final_reflection=final_reflection,
+        )
 
     return make

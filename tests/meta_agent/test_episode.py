@@ -160,6 +160,24 @@ def test_max_rounds_one_allows_no_revision(make_episode):
     assert (ep.correct, ep.rewards) == (False, {"meta_thinker": 0.0, "executor": 0.0})
 
 
+def test_without_final_reflection_the_last_round_ends_after_its_executor(make_episode):
+    ep = make_episode("hierarchy", final_reflection=False)  # max_rounds=2: round 0 still reflects
+    ep.advance_text(PLAN)
+    ep.advance_text(answer(WRONG))
+    assert ep.current.kind == "reflect"
+    ep.advance_text(REVISE)
+    ep.advance_text(CALC)
+    ep.advance_text(answer(TASK.answer))
+    assert ep.done and not ep.truncated and ep.round == 1
+    assert [t.kind for t in ep.turns] == ["plan", "execute", "reflect", "execute"]
+    assert (ep.correct, ep.rewards) == (True, {"meta_thinker": 1.0, "executor": 1.0})
+    one_round = make_episode("hierarchy", limits=Limits(max_rounds=1), final_reflection=False)
+    one_round.advance_text(PLAN)
+    one_round.advance_text(answer(TASK.answer))
+    assert one_round.done and [t.kind for t in one_round.turns] == ["plan", "execute"]
+    assert one_round.lesson is None
+
+
 def test_revise_verdict_without_a_plan_keeps_the_old_plan(make_episode, chat):
     ep = make_episode("hierarchy")
     ep.advance_text(PLAN)
