@@ -23,13 +23,13 @@ from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meta_agent.config import limits, load_config
-from meta_agent.demos import SOURCES, demo_path, make_demos, read_demos, write_demos
+from meta_agent.config import load_config
+from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
-from meta_agent.train import train
+from meta_agent.train import generate_demos, train
 from training.backbone import BackboneNotFound
 
 console = Console()
@@ -126,19 +126,10 @@ def cmd_demos(overrides: list[str]) -> int:
         )
     run_dir = start_run(cfg, "demos")
     out = Path(cfg.demos_out) if cfg.demos_out else run_dir / "demos.jsonl"
-    # The same roles, tools, chat format and limits as run_sft, so the file trains like the generator.
     with console.status("loading the backbone"):
         system = build_system(cfg)
     with console.status(f"playing {cfg.sft.examples} {cfg.sft.source} demonstrations"):
-        episodes = make_demos(
-            cfg.sft.source,
-            cfg.sft.examples,
-            system.roles,
-            system.chat,
-            system.registry,
-            seed=cfg.seed,
-            limits=limits(cfg),
-        )
+        episodes = generate_demos(cfg, system)
     system.close()
     if not episodes:
         raise ValueError(f"no {cfg.sft.source} demonstrations were made: raise sft.examples above 0")

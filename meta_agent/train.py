@@ -116,7 +116,13 @@ def sft_turns(cfg: DictConfig, system: System) -> list[Turn]:
         turns = read_demos(path, roles=[r.name for r in system.roles])
         console.print(f"sft: {len(turns)} demonstration turns from {path}")
         return turns
-    demos = make_demos(
+    return [turn for i, ep in enumerate(generate_demos(cfg, system)) for turn in ep.training_turns(i)]
+
+
+def generate_demos(cfg: DictConfig, system: System) -> list[Episode]:
+    """`sft.examples` demonstration episodes of the generator `sft.source`, played with the run's
+    roles, tools, chat format and limits (so `meta-agent demos` files train like the generator)."""
+    return make_demos(
         cfg.sft.source,
         cfg.sft.examples,
         system.roles,
@@ -125,7 +131,6 @@ def sft_turns(cfg: DictConfig, system: System) -> list[Turn]:
         seed=cfg.seed,
         limits=limits(cfg),
     )
-    return [turn for i, ep in enumerate(demos) for turn in ep.training_turns(i)]
 
 
 def run_sft(cfg, system, turns: Sequence[Turn], log, eval_tasks, state: Stage, ckpt_root: Path) -> None:
