@@ -3,7 +3,8 @@
     script = arith_actions(task, style="steps")  # one calculator call per operation
     ops = arith_ops("(12*34+5)/7")  # [("mul", (12, 34)), ("add", (5,)), ("div", (7,))]
 
-The plan names the operations in words; the executor makes one calculator call for the whole
+The plan lists the operations with the question's numbers ("1. Multiply 30,662 by 6,330.
+2. Add 164."), never a result; the executor makes one calculator call for the whole
 expression ("one_call") or one per operation ("steps").
 """
 
@@ -32,20 +33,14 @@ ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problem
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
 _TERM = re.compile(r"([+-])(\d+)(?:\*(\d+))?")
 
-# Theme of a generated problem -> (what its opening product multiplies, the unit it counts).
-_THEMES = {
-    "depot": ("the crates by the bolts in each crate", "bolts"),
-    "seeds": ("the packets by the seeds in each packet", "seeds"),
-    "tour": ("the tickets sold by the price of one ticket", "dollars"),
-    "print": ("the books by the pages in each book", "pages"),
-    "reservoir": ("the litres per hour by the hours", "litres"),
-}
+# One plan step per operation, with the question's numbers: the plan carries the decomposition (which
+# numbers, which operation, in what order), the executor turns it into calculator calls.
 _PLAN_STEPS = {
-    "add": "Add the {again}{unit} that come in.",
-    "sub": "Subtract the {again}{unit} that go out.",
-    "add_product": "Multiply the next pair of numbers and add that many {unit}.",
-    "sub_product": "Multiply the next pair of numbers and subtract that many {unit}.",
-    "div": "Divide the {unit} equally among the shares.",
+    "add": "Add {c}.",
+    "sub": "Subtract {c}.",
+    "add_product": "Add {c} times {d}.",
+    "sub_product": "Subtract {c} times {d}.",
+    "div": "Divide by {c}.",
 }
 _NAMES = {
     "add": "the addition",
@@ -78,33 +73,27 @@ def arith_actions(
 ) -> DemoScript:
     """The ideal turns for an arith task (meta["expression"]), in `style` "one_call" (the whole
     expression, numbers written as in the question) or "steps" (one call per operation on the
-    previous result); None draws the style from `seed` and the task id. The plan names the
-    operations in words from the expression; nothing in it states a result."""
+    previous result); None draws the style from `seed` and the task id. The plan lists the
+    operations with the question's numbers; nothing in it states a result."""
     if "expression" not in task.meta:
         raise ValueError(f"{task.id}: an arith task needs meta['expression'] to build a demonstration")
     style = style or random.Random(f"demo|{seed}|{task.id}").choice(STYLES)
     if style not in STYLES:
         raise ValueError(f"arith demonstration style must be one of {STYLES}, got {style!r}")
     ops = arith_ops(task.meta["expression"])
-    theme = str(task.meta.get("template", "")).split(".")[0]
-    product, unit = _THEMES.get(theme, ("the first two numbers", "units"))
-
-    steps, seen = [f"Multiply {product} with the calculator."], set()
-    for kind, _ in ops[1:]:
-        again = "next " if kind in seen else ""  # "Add the bolts ...", then "Add the next bolts ..."
-        seen.add(kind)
-        steps.append(_PLAN_STEPS[kind].format(unit=unit, again=again))
+    (a, b) = ops[0][1]
+    steps = [f"Multiply {a:,} by {b:,}."]
+    for kind, numbers in ops[1:]:
+        steps.append(_PLAN_STEPS[kind].format(**dict(zip("cd", (f"{x:,}" for x in numbers), strict=False))))
     if style == "one_call":
-        steps.append("Write all of this as one calculator expression and answer with its result.")
+        steps.append("Write it as one calculator expression and answer with its result.")
         work, answer = _one_call(ops, grammar)
         how = "in one calculator expression"
         lesson = (
             "Write the whole calculation as one calculator expression, then copy the result into the answer."
         )
     else:
-        steps.append(
-            "Use one calculator call per step, carry each result forward, and answer with the last one."
-        )
+        steps.append("Use one calculator call per step and answer with the last result.")
         work, answer = _step_calls(ops, grammar)
         how = "one calculator call at a time"
         lesson = "Do one operation per calculator call, carry each result into the next call, and answer with the last result."

@@ -238,7 +238,14 @@ class Episode:
     def _after_reflection(self, turn: TurnRecord, out_of_budget: bool) -> None:
         assert self.meta is not None
         out = parse_reflection(turn.text, self.meta.grammar)
-        turn.format_ok = out.reflection is not None and self.meta.grammar.reflection[0] in turn.text
+        grammar = self.meta.grammar
+        # Kept only when closed: a reflection or lesson that ran out of tokens broke its format.
+        lesson_open = grammar.lesson[0] in turn.text and grammar.lesson[1] not in turn.text
+        turn.format_ok = (
+            out.reflection is not None
+            and all(tag in turn.text for tag in grammar.reflection)
+            and not lesson_open
+        )
         self.lesson = out.lesson
         revise = out.verdict == "revise" and self.round + 1 < self.limits.max_rounds
         if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
@@ -346,8 +353,8 @@ class Episode:
             if not turns:
                 continue
             if role.kind == META_THINKER:
-                plans = [t for t in turns if t.kind == PLAN]
-                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in plans), leaked=self.leaked)
+                # Every plan and reflection must keep its tags: a runaway turn costs the format penalty.
+                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in turns), leaked=self.leaked)
             else:
                 errors = sum(1 for t in turns for c in t.tool_calls if not c.ok)
                 outcome = Outcome(self.correct, format_ok=turns[-1].format_ok, tool_errors=errors)

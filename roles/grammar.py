@@ -100,13 +100,14 @@ def parse_executor(segment: str, grammar: Grammar, *, final: bool) -> ExecutorSt
 
 
 def parse_plan(text: str, grammar: Grammar) -> tuple[str | None, bool]:
-    """The plan of a meta-thinker's first turn and whether it was tagged.
+    """The plan of a meta-thinker's first turn and whether it kept its tags.
 
-    An untagged plan is still passed on to the executor (and penalised as broken format).
+    An untagged or unclosed plan (one that ran out of tokens) is still passed on to the executor,
+    and penalised as broken format.
     """
     plan = _between(text, grammar.plan, last=False)
     if plan is not None:
-        return plan or None, True
+        return plan or None, grammar.plan[1] in text
     return text.strip() or None, False
 
 
@@ -114,13 +115,15 @@ def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
     """Parse a reflection turn: reflection, lesson, and a verdict.
 
     A reflection that carries a new plan is a revision whatever its verdict says; with neither a
-    verdict nor a plan it accepts, so a rambling reflection cannot loop the episode.
+    verdict nor a plan it accepts, so a rambling reflection cannot loop the episode. An unclosed
+    lesson is dropped.
     """
     plan = _between(text, grammar.plan)
     reflection = _between(text, grammar.reflection, last=False)
     if reflection is None:
         reflection = text.split(grammar.lesson[0])[0].strip() or None
-    lesson = _between(text, grammar.lesson)
+    # A lesson cut off mid-sentence (out of tokens) is not stored: memory keeps only finished ones.
+    lesson = _between(text, grammar.lesson) if grammar.lesson[1] in text else None
     verdict_text = (_between(text, grammar.verdict) or "").lower()
     verdict = "revise" if plan or "revise" in verdict_text else "accept"
     return MetaOutput(plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict)

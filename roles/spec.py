@@ -52,7 +52,9 @@ class AdapterSpec:
 class RewardSpec:
     correct: float = 1.0
     wrong: float = 0.0
-    format_penalty: float = 0.2  # no tagged answer (executor) / untagged plan (meta-thinker)
+    format_penalty: float = (
+        0.2  # no tagged answer (executor) / a plan or reflection without its tags (meta-thinker)
+    )
     tool_error_penalty: float = 0.05  # per failed or malformed tool call
     max_tool_error_penalty: float = 0.2
     leak_penalty: float = 0.5  # meta-thinker states the answer instead of planning

@@ -255,6 +255,37 @@ def test_untagged_plan_and_answer_are_used_but_penalised(make_episode, role_sets
     assert ep.rewards["executor"] == pytest.approx(1.0 - spec["executor"].format_penalty)
 
 
+def test_runaway_plan_or_reflection_costs_the_meta_thinker_and_stores_no_lesson(make_episode, role_sets):
+    penalty = rewards_spec(role_sets, "hierarchy")["meta_thinker"].format_penalty
+    # A plan that never closes (the model ran out of tokens) still reaches the executor.
+    ep = make_episode("hierarchy")
+    for action in (
+        "<plan>multiply then add, the calculator's calculator's",
+        CALC,
+        answer(TASK.answer),
+        REFLECTION,
+    ):
+        ep.advance_text(action)
+    assert ep.plan.startswith("multiply then add") and not ep.turns[0].format_ok
+    assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
+    # A reflection whose lesson never closes: penalised, and the half lesson is not kept.
+    ep = make_episode("hierarchy")
+    for action in (
+        PLAN,
+        CALC,
+        answer(TASK.answer),
+        "<reflection>ok</reflection><lesson>the calculator's calculator's",
+    ):
+        ep.advance_text(action)
+    assert ep.done and ep.lesson is None and not ep.turns[-1].format_ok
+    assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
+    ep = make_episode("hierarchy")
+    for action in (PLAN, CALC, answer(TASK.answer), "<reflection>the calculator's calculator's"):
+        ep.advance_text(action)
+    assert not ep.turns[-1].format_ok
+    assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
+
+
 # ---- (d) single agent, (e) two executors ------------------------------------------------------------
 
 

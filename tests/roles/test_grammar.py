@@ -41,6 +41,8 @@ def test_plan_tagged_and_untagged():
     assert parse_plan("<plan>1. add 2. multiply</plan>", G) == ("1. add 2. multiply", True)
     assert parse_plan("just add them", G) == ("just add them", False)
     assert parse_plan("   ", G) == (None, False)
+    # Out of tokens before the closing tag: the plan still goes to the executor, the format is broken.
+    assert parse_plan("<plan>1. add 2. multiply the", G) == ("1. add 2. multiply the", False)
 
 
 def test_reflection_accepts_by_default_and_revises_with_a_plan():
@@ -53,6 +55,8 @@ def test_reflection_accepts_by_default_and_revises_with_a_plan():
     out = parse_reflection("rambling without tags", G)
     assert (out.verdict, out.reflection, out.lesson) == ("accept", "rambling without tags", None)
     assert parse_reflection("<verdict>revise</verdict>", G).verdict == "revise"
+    cut = parse_reflection("<reflection>fine</reflection><lesson>use the calculator's calculator's", G)
+    assert (cut.reflection, cut.lesson, cut.verdict) == ("fine", None, "accept")
 
 
 def test_states_answer():
