@@ -50,4 +50,4 @@ clean:
 
 # Measurements, not tests: each writes bench/results/<name>.json.
 bench: setup
-	$(PY) bench/learning.py
+	$(PY) -m bench.learning
