@@ -47,6 +47,11 @@ def run(experiment: str, overrides: list[str], tag: str) -> tuple[dict[str, floa
 
 def main(overrides: list[str]) -> dict:
     started = time.perf_counter()
+    machine = machine_info(  # before the runs: the load average says whether the machine was free
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        torch_threads=str(torch.get_num_threads()),
+    )
     hierarchy, hierarchy_s = run("arith_hierarchy", overrides, "hierarchy")
     budget = int(hierarchy["train/generated_tokens"])
     # The baseline gets as many GRPO rollout tokens as the hierarchy used, however many steps that takes.
@@ -73,11 +78,7 @@ def main(overrides: list[str]) -> dict:
             },
             "eval": "held-out arith test split, greedy, train.eval_limit problems",
         },
-        "machine": machine_info(
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-            torch_threads=str(torch.get_num_threads()),
-        ),
+        "machine": machine,
     }
     result["meets"] = meets(result["base"], result["sft"], result["grpo"], hierarchy_s)
     result = write_result(result, RESULTS)
