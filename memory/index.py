@@ -26,8 +26,9 @@ class IndexKind:
     removable: bool  # False: deleting ids needs a rebuild from the source of truth
 
 
-# HNSW parameters: M=32 links per node, efConstruction 80 and efSearch 64 trade a little build time for
-# recall close to exact on the candidate counts search asks for (k * candidate_factor, typically <= 64).
+# HNSW parameters: M=32 links per node and efConstruction 80 build a graph in reasonable time;
+# efSearch (how many candidates a query visits) trades search time for recall and is the store's
+# `ef_search` (config memory.hnsw_ef_search). bench/faiss_memory.py measures the trade.
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 64
@@ -57,6 +58,15 @@ def index_kind(kind: str) -> IndexKind:
         return INDEX_KINDS[kind]
     except KeyError:
         raise ValueError(f"unknown index kind {kind!r}; choose one of {sorted(INDEX_KINDS)}") from None
+
+
+def set_ef_search(index: faiss.IndexIDMap2, ef_search: int) -> None:
+    """Candidates an HNSW query visits (more: higher recall, slower search); other kinds ignore it."""
+    if ef_search < 1:
+        raise ValueError(f"HNSW ef_search must be >= 1, got {ef_search}")
+    inner = faiss.downcast_index(index.index)  # a view, valid while `index` lives
+    if isinstance(inner, faiss.IndexHNSWFlat):
+        inner.hnsw.efSearch = ef_search
 
 
 def make_index(kind: str, dim: int) -> faiss.IndexIDMap2:
@@ -95,9 +105,7 @@ def read_index(path: Path) -> faiss.IndexIDMap2 | None:
     # view: the view does not own the C++ object, which would be freed with the original wrapper.
     if not isinstance(index, faiss.IndexIDMap2):
         return None
-    inner = faiss.downcast_index(index.index)  # a view, valid while `index` lives
-    if isinstance(inner, faiss.IndexHNSWFlat):
-        inner.hnsw.efSearch = HNSW_EF_SEARCH
+    set_ef_search(index, HNSW_EF_SEARCH)  # efSearch is not stored in the file
     return index
 
 

@@ -22,12 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from memory.index import (
+    HNSW_EF_SEARCH,
     add_vectors,
     index_ids,
     index_kind,
     is_kind,
     make_index,
     read_index,
+    set_ef_search,
     write_index_atomic,
 )
 from memory.scoring import ScoringWeights, score_entry
@@ -91,12 +93,16 @@ class FaissMemory:
         candidate_factor: int = 4,
         *,
         index: str = "flat",
+        ef_search: int = HNSW_EF_SEARCH,
         flush_every: int = 1000,
         clock: Callable[[], float] = time.time,
     ):
         if candidate_factor < 1:
             raise ValueError(f"candidate_factor must be >= 1, got {candidate_factor}")
         index_kind(index)  # fail on an unknown kind before touching the disk
+        if ef_search < 1:
+            raise ValueError(f"ef_search must be >= 1 (candidates an HNSW query visits), got {ef_search}")
+        self.ef_search = ef_search
         self.path = Path(path) if path is not None else None
         self.embedder = embedder
         self.dim = int(embedder.dim)
@@ -168,6 +174,7 @@ class FaissMemory:
                 and is_kind(index, self.index_kind)
                 and np.array_equal(index_ids(index), self._sqlite_ids())
             ):
+                set_ef_search(index, self.ef_search)
                 return index
         return self._rebuild_index()
 
@@ -180,6 +187,7 @@ class FaissMemory:
                 len(rows), self.dim
             )
             add_vectors(index, ids, vectors)
+        set_ef_search(index, self.ef_search)
         self._dirty = True  # the file on disk (if any) no longer matches
         return index
 

@@ -110,6 +110,7 @@ class MemorySchema:
     top_k: int = 3
     write_lessons: bool = True
     index: str = "flat"  # flat (exact) | hnsw
+    hnsw_ef_search: int = 64  # candidates an hnsw query visits: recall vs search time
 
 
 @dataclass

@@ -250,3 +250,20 @@ def test_memory_imports_no_higher_layer():
             else:
                 continue
             assert not {name.split(".")[0] for name in names} & forbidden, f"{source.name} imports {names}"
+
+
+def _ef_search(memory: FaissMemory) -> int:
+    return faiss.downcast_index(memory._index.index).hnsw.efSearch
+
+
+def test_hnsw_ef_search_holds_after_reopen_and_rebuild(hashing, tmp_path):
+    with FaissMemory(tmp_path, hashing, index="hnsw", ef_search=200) as memory:
+        ids = memory.add_many(["alpha beta", "gamma delta", "epsilon zeta"])
+        assert _ef_search(memory) == 200
+        memory.delete([ids[0]])  # hnsw cannot drop nodes: the index is rebuilt from SQLite
+        assert _ef_search(memory) == 200
+        assert memory.search("gamma delta", k=1)[0].entry.id == ids[1]
+    with FaissMemory(tmp_path, hashing, index="hnsw", ef_search=128) as memory:  # read from the file
+        assert len(memory) == 2 and _ef_search(memory) == 128
+    with pytest.raises(ValueError, match="ef_search must be >= 1"):
+        FaissMemory(tmp_path, hashing, index="hnsw", ef_search=0)
