@@ -1,0 +1,41 @@
+"""bench/gpu.py run as a user would: the --tiny smoke test on a CPU, and the refusal without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.gpu", *args], cwd=ROOT, env=ENV, capture_output=True, text=True
+    )
+
+
+def test_tiny_run_writes_rollout_speed_and_mfu(tmp_path):
+    out = tmp_path / "gpu.json"
+    run = bench(
+        *("--tiny", "--device", "cpu", "--out", str(out), "--rows", "4", "--prompt-len", "8"),
+        *("--new-tokens", "4", "--train-steps", "1", "--peak-tflops", "1"),
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["rollout_generated_tokens"] == 4 * 4  # fixed length: EOS never ends a row
+    assert result["finish_reasons"] == ["length"]
+    assert result["rollout_tokens_per_s"] > 0
+    assert 0 < result["train_mfu_4n"] < result["train_mfu"]
+    assert result["train_turns"] == 4
+    assert result["parameters"]["base_total"] > 1_000_000
+
+
+def test_without_a_gpu_it_asks_for_one_or_tiny(tmp_path):
+    run = bench("--out", str(tmp_path / "gpu.json"))
+    assert run.returncode != 0
+    assert "--tiny" in run.stderr
+    assert not (tmp_path / "gpu.json").exists()
