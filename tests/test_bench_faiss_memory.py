@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.faiss_memory import best_kind, exact_top_k, meets_targets, recall_at_k, spans
-
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from tests.bench_run import run_bench
 
 
 def test_recall_at_k_counts_shared_ids_whatever_their_order():
@@ -52,14 +46,10 @@ def test_best_kind_prefers_the_kind_meeting_more_targets():
 
 def test_script_writes_the_result_file(tmp_path):
     out = tmp_path / "faiss.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.faiss_memory", "--sizes", "300", "--queries", "8", "--single-adds", "5"]
-        + ["--batch", "100", "--ef-search", "16,64", "--out", str(out)],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    run = run_bench(
+        "faiss_memory",
+        *("--sizes", "300", "--queries", "8", "--single-adds", "5", "--batch", "100"),
+        *("--ef-search", "16,64", "--out", str(out)),
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())

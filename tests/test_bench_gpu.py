@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+from tests.bench_run import run_bench
 
 
-def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.gpu", *args], cwd=ROOT, env=ENV, capture_output=True, text=True
-    )
+def bench(*args: str):
+    return run_bench("gpu", *args)
 
 
 def test_tiny_run_writes_rollout_speed_and_mfu(tmp_path):

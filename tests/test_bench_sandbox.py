@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+from tests.bench_run import run_bench
 
 
 def test_script_writes_the_result_file(tmp_path):
     out = tmp_path / "sandbox.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.sandbox", "--calls", "3", "--warmup", "1", "--concurrency", "1,2"]
-        + ["--throughput-calls", "2", "--out", str(out)],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    run = run_bench(
+        "sandbox",
+        *(
+            "--calls",
+            "3",
+            "--warmup",
+            "1",
+            "--concurrency",
+            "1,2",
+            "--throughput-calls",
+            "2",
+            "--out",
+            str(out),
+        ),
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
@@ -31,14 +32,9 @@ def test_script_writes_the_result_file(tmp_path):
 
 
 def test_a_failing_program_stops_the_run(tmp_path):
-    run = subprocess.run(
-        [sys.executable, "-m", "bench.sandbox", "--calls", "1", "--warmup", "0", "--code", "print(2)"]
-        + ["--out", str(tmp_path / "sandbox.json")],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    run = run_bench(
+        "sandbox",
+        *("--calls", "1", "--warmup", "0", "--code", "print(2)", "--out", str(tmp_path / "sandbox.json")),
     )
     assert run.returncode != 0
     assert "sandbox call failed" in run.stderr
