@@ -8,7 +8,7 @@ PYTHON ?= python3
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast test-slow lint format bench clean
+.PHONY: setup bench-setup run test test-fast test-slow lint format bench bench-learning bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -48,6 +48,22 @@ format: setup
 clean:
 	rm -rf runs outputs .pytest_cache .ruff_cache
 
-# Measurements, not tests: each writes bench/results/<name>.json.
-bench: setup
+# The benchmarks' extra: TRL (bench/trl_grpo.py measures against its GRPOTrainer) beside the pinned stack.
+bench-setup: $(VENV)/.bench-installed
+
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $@
+
+# Measurements, not tests: each writes bench/results/<name>.json. The CPU set: about 25 minutes on 2 cores.
+BENCH_CPU ?= sandbox faiss_memory rollout memory_peak trl_grpo
+bench: bench-setup
+	for name in $(BENCH_CPU); do HF_HUB_OFFLINE=1 $(PY) -m bench.$$name || exit 1; done
+
+# Does SFT then GRPO learn, and what does the hierarchy cost? About 26 minutes on 2 cores.
+bench-learning: setup
 	$(PY) -m bench.learning
+
+# On a machine with a CUDA GPU (random-initialised 0.5B backbone, bf16): writes bench/results/gpu.json.
+bench-gpu: setup
+	$(PY) -m bench.gpu

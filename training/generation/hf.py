@@ -3,8 +3,8 @@
     backend = HFBackend(backbone, batch_size=16)
     results = backend.generate([GenerationRequest("executor", prompt_ids, SamplingParams(temperature=0.7))])
 
-Each row of a batch carries its own adapter (PEFT mixed-adapter inference), sampling settings and
-torch.Generator, so a seeded request gives the same tokens whatever batch it lands in.
+Each row of a batch carries its own adapter (`RowAdapters`: every adapter stacked, rows masked), sampling
+settings and torch.Generator, so a seeded request gives the same tokens whatever batch it lands in.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicLayer
 
 from training.backbone import BASE_ADAPTER, Backbone
 from training.generation.prefix_cache import CachedPrefix, PrefixCache, weights_fingerprint
+from training.mixed_lora import RowAdapters
 from training.types import GenerationRequest, GenerationResult
 
 NUCLEUS_CANDIDATES = 1024
@@ -77,6 +78,7 @@ class HFBackend:
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_ids(backbone)
         tokenizer = backbone.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._rows: RowAdapters | None = None  # per-row adapters, while generate() runs
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -95,9 +97,9 @@ class HFBackend:
         results: list[GenerationResult | None] = [None] * len(requests)
         model = self.backbone.model
         was_training = model.training
-        model.eval()  # PEFT refuses per-row adapter names in training mode
+        model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), RowAdapters(model) as self._rows:
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
                     rows = [_Row(requests[i], generators[i]) for i in chunk]
@@ -105,8 +107,16 @@ class HFBackend:
                     for i, row in zip(chunk, rows, strict=True):
                         results[i] = self._result(row)
         finally:
+            self._rows = None
             model.train(was_training)
         return results
+
+    def _forward(self, adapters: list[str], **inputs):
+        """One forward pass of the backbone with row i on adapter `adapters[i]` (BASE_ADAPTER: none)."""
+        if self._rows is None:
+            raise RuntimeError("HFBackend forward passes run inside generate(), which sets the row adapters")
+        self._rows.set(adapters)
+        return self.backbone.model(**inputs)
 
     def _validate(self, request: GenerationRequest) -> None:
         if request.adapter is not None and request.adapter not in self.backbone.adapters:
@@ -159,13 +169,13 @@ class HFBackend:
                 next_tokens = [next_tokens[k] for k in still]
             input_ids = torch.tensor(next_tokens, device=attention_mask.device)[:, None]  # [B, 1]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
-            out = self.backbone.model(
+            out = self._forward(
+                adapter_names,
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
                 past_key_values=cache,
                 use_cache=True,
-                adapter_names=adapter_names,
             )
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()  # [B, V]
@@ -215,13 +225,13 @@ class HFBackend:
         if past > 0:
             layers = _left_padded([it.entry and _slice(it.entry, it.cached) for it in group], past, device)
             cache = DynamicCache(ddp_cache_data=layers)
-        out = self.backbone.model(
+        out = self._forward(
+            [it.adapter for it in group],
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
             position_ids=position_ids.to(device),
             past_key_values=cache,
             use_cache=True,
-            adapter_names=[it.adapter for it in group],
             logits_to_keep=1,  # the lm_head over the whole prompt would cost B x T x vocab
         )
         logits = out.logits[:, -1, :].float()  # [B, V]
