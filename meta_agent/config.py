@@ -145,6 +145,7 @@ class TrainSchema:
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
     warmup_steps: int = 0
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, slower steps
     eval_task: str = "arith"
     eval_limit: int = 32
     eval_every: int = 10  # held-out accuracy every N steps (and before and after)

@@ -62,6 +62,7 @@ def trainer_settings(cfg: DictConfig, system: System, *, sft: bool = False) -> T
         micro_batch_size=cfg.train.micro_batch_size,
         max_grad_norm=cfg.train.max_grad_norm,
         warmup_steps=cfg.train.warmup_steps,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
     )
 
 

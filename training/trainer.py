@@ -44,6 +44,9 @@ class TrainerSettings:
     max_grad_norm: float = 1.0  # per role
     weight_decay: float = 0.0
     warmup_steps: int = 0  # linear warm-up of every role's learning rate
+    # Keep only each decoder layer's input for backward and recompute the rest: less memory per turn,
+    # one more forward pass of the adapted layers per micro-batch.
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         for role, lr in self.lr.items():
@@ -79,6 +82,12 @@ class PolicyTrainer:
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
             backbone.model, optimizer, scheduler
         )
+        if settings.gradient_checkpointing:
+            # Non-reentrant checkpoints need no input that requires grad (the embeddings are frozen);
+            # generation runs in eval mode, where transformers skips checkpointing.
+            backbone.model.base_model.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         self.pad_id = backbone.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = backbone.tokenizer.eos_token_id

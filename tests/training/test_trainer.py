@@ -95,7 +95,15 @@ def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(to
 
 
 def adapters_after(
-    tokenizer, micro: int, grpo: GRPOSettings, *, steps: int = 1, two_turns: bool = False, metrics=None
+    tokenizer,
+    micro: int,
+    grpo: GRPOSettings,
+    *,
+    steps: int = 1,
+    two_turns: bool = False,
+    metrics=None,
+    checkpointing: bool = False,
+    layer_calls: list | None = None,
 ) -> dict:
     """LoRA weights after `steps` GRPO steps on fresh rollouts with the given micro-batch size."""
     rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
@@ -104,9 +112,17 @@ def adapters_after(
     if two_turns:  # a second, shorter-prompt turn per (role, episode), like a plan and a reflection
         turns += [replace(t, prompt_ids=t.prompt_ids[:-1]) for t in turns]
     settings = TrainerSettings(
-        lr=dict.fromkeys(ROLES, 1e-2), micro_batch_size=micro, max_grad_norm=1e9, grpo=grpo
+        lr=dict.fromkeys(ROLES, 1e-2),
+        micro_batch_size=micro,
+        max_grad_norm=1e9,
+        grpo=grpo,
+        gradient_checkpointing=checkpointing,
     )
     trainer = PolicyTrainer(backbone, settings)
+    if layer_calls is not None:  # count the top decoder layer's MLP runs (hooks do not see recomputation)
+        mlp = backbone.model.base_model.model.model.layers[-1].mlp
+        forward = mlp.forward
+        mlp.forward = lambda *a, **k: layer_calls.append(1) or forward(*a, **k)
     for _ in range(steps):
         result = trainer.grpo_step(turns)
     if metrics is not None:
@@ -128,6 +144,23 @@ def test_gradient_accumulation_matches_one_big_batch(tokenizer):
     # count) moves such a weight by a few percent of lr = 1e-2.
     for name, value in small.items():
         assert torch.allclose(value, big[name], atol=1e-3), name
+
+
+def test_gradient_checkpointing_recomputes_and_changes_nothing(tokenizer):
+    grpo = GRPOSettings(filter_zero_variance=False)
+    calls: dict[bool, list] = {False: [], True: []}
+    norms: dict[bool, dict] = {False: {}, True: {}}
+    after = {
+        on: adapters_after(tokenizer, 4, grpo, metrics=norms[on], checkpointing=on, layer_calls=calls[on])
+        for on in (False, True)
+    }
+    # Per role 6 turns in micro-batches of 4: two forward passes, and with checkpointing two recomputations.
+    assert (len(calls[False]), len(calls[True])) == (2 * 2, 2 * 2 * 2)
+    for role in ROLES:
+        key = f"role/{role}/grad_norm"
+        assert norms[True][key] == pytest.approx(norms[False][key], rel=1e-5)
+    for name, value in after[False].items():
+        assert torch.allclose(value, after[True][name], atol=1e-6), name
 
 
 def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
