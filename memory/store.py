@@ -23,13 +23,18 @@ import numpy as np
 
 from memory.index import (
     HNSW_EF_SEARCH,
+    IVF_NPROBE,
     add_vectors,
     index_ids,
     index_kind,
     is_kind,
     make_index,
+    needs_retrain,
     read_index,
+    removes_in_place,
     set_ef_search,
+    set_nprobe,
+    train_sample_size,
     write_index_atomic,
 )
 from memory.scoring import ScoringWeights, score_entry
@@ -38,6 +43,7 @@ from memory.types import Embedder, MemoryConfigError, MemoryEntry, MemoryHit
 SQLITE_FILE = "memory.sqlite"
 INDEX_FILE = "index.faiss"
 _REBUILD_CHUNK = 65536  # rows read from SQLite at a time when rebuilding the index
+_SAMPLE_CHUNK = 500  # ids per query when reading a training sample (SQLite limits bound parameters)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -80,7 +86,12 @@ class FaissMemory:
     weights: how relevance, recency and importance combine into the ranking score.
     candidate_factor: search ranks k * candidate_factor nearest entries by the combined score, so
         recency and importance reorder near neighbours but never surface unrelated entries.
-    index: "flat" (exact, default) or "hnsw" (approximate, for large stores); see memory.index.
+    index: "flat" (exact, default), "ivf" or "hnsw" (approximate, for very large stores); see
+        memory.index. ivf is exact below memory.index.IVF_MIN_TRAIN entries and is trained (or
+        retrained, when the store has outgrown it) from the stored vectors by the add that crosses
+        the line, which then takes as long as a rebuild.
+    ef_search: candidates an hnsw query visits; nprobe: cells an ivf query scans (more of either:
+        higher recall, slower search). Other kinds ignore them.
     flush_every: write the index file after this many adds (0: only on flush/close).
     clock: unix-seconds time source; tests pass a fake one to age entries without sleeping.
     """
@@ -94,6 +105,7 @@ class FaissMemory:
         *,
         index: str = "flat",
         ef_search: int = HNSW_EF_SEARCH,
+        nprobe: int = IVF_NPROBE,
         flush_every: int = 1000,
         clock: Callable[[], float] = time.time,
     ):
@@ -102,7 +114,10 @@ class FaissMemory:
         index_kind(index)  # fail on an unknown kind before touching the disk
         if ef_search < 1:
             raise ValueError(f"ef_search must be >= 1 (candidates an HNSW query visits), got {ef_search}")
+        if nprobe < 1:
+            raise ValueError(f"nprobe must be >= 1 (cells an IVF query scans), got {nprobe}")
         self.ef_search = ef_search
+        self.nprobe = nprobe
         self.path = Path(path) if path is not None else None
         self.embedder = embedder
         self.dim = int(embedder.dim)
@@ -173,13 +188,37 @@ class FaissMemory:
                 and index.d == self.dim
                 and is_kind(index, self.index_kind)
                 and np.array_equal(index_ids(index), self._sqlite_ids())
+                and not needs_retrain(index, self.index_kind)
             ):
-                set_ef_search(index, self.ef_search)
+                self._set_search_params(index)
                 return index
         return self._rebuild_index()
 
+    def _set_search_params(self, index) -> None:
+        set_ef_search(index, self.ef_search)
+        set_nprobe(index, self.nprobe)
+
+    def _training_sample(self, n: int) -> np.ndarray | None:
+        """Vectors of train_sample_size(kind, n) entries drawn at random, [m, dim]; None if none needed.
+
+        Seeded by n, so rebuilding the same store trains the same index.
+        """
+        size = train_sample_size(self.index_kind, n)
+        if size == 0:
+            return None
+        ids = np.random.default_rng(n).choice(self._sqlite_ids(), size=size, replace=False)
+        blobs = []
+        for start in range(0, size, _SAMPLE_CHUNK):
+            chunk = [int(i) for i in ids[start : start + _SAMPLE_CHUNK]]
+            placeholders = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT vector FROM entries WHERE id IN ({placeholders})", chunk)
+            blobs.extend(row[0] for row in rows)
+        return np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(blobs), self.dim)
+
     def _rebuild_index(self):
-        index = make_index(self.index_kind, self.dim)
+        """A fresh index of every stored vector, trained on a sample of them if the kind trains."""
+        (n,) = self._db.execute("SELECT COUNT(*) FROM entries").fetchone()
+        index = make_index(self.index_kind, self.dim, n=n, sample=self._training_sample(n))
         cursor = self._db.execute("SELECT id, vector FROM entries ORDER BY id")
         while rows := cursor.fetchmany(_REBUILD_CHUNK):
             ids = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
@@ -187,7 +226,7 @@ class FaissMemory:
                 len(rows), self.dim
             )
             add_vectors(index, ids, vectors)
-        set_ef_search(index, self.ef_search)
+        self._set_search_params(index)
         self._dirty = True  # the file on disk (if any) no longer matches
         return index
 
@@ -241,6 +280,8 @@ class FaissMemory:
                 )
                 ids.append(int(cursor.lastrowid))
         add_vectors(self._index, np.asarray(ids, dtype=np.int64), vectors)
+        if needs_retrain(self._index, self.index_kind):
+            self._index = self._rebuild_index()  # the batch is committed, so the rebuild includes it
         self._dirty = True
         self._adds_since_flush += len(ids)
         if self.flush_every and self._adds_since_flush >= self.flush_every:
@@ -259,9 +300,9 @@ class FaissMemory:
                 for entry_id in wanted
             )
         if removed:
-            if index_kind(self.index_kind).removable:
+            if removes_in_place(self._index):
                 self._index.remove_ids(np.asarray(wanted, dtype=np.int64))
-            else:
+            else:  # also retrains an ivf index for the smaller store (or falls back to exact)
                 self._index = self._rebuild_index()
             self._dirty = True
         return removed

@@ -109,8 +109,9 @@ class MemorySchema:
     path: str | None = "runs/memory"  # a folder; null keeps memory in this process only
     top_k: int = 3
     write_lessons: bool = True
-    index: str = "flat"  # flat (exact) | hnsw
+    index: str = "flat"  # flat (exact) | ivf | hnsw
     hnsw_ef_search: int = 64  # candidates an hnsw query visits: recall vs search time
+    ivf_nprobe: int = 160  # cells an ivf query scans: recall vs search time
 
 
 @dataclass

@@ -108,7 +108,13 @@ def build_memory(cfg: DictConfig) -> Memory | None:
     if not cfg.memory.enabled:
         return None
     path = Path(cfg.memory.path) if cfg.memory.path else None
-    return FaissMemory(path, SentenceEmbedder(), index=cfg.memory.index, ef_search=cfg.memory.hnsw_ef_search)
+    return FaissMemory(
+        path,
+        SentenceEmbedder(),
+        index=cfg.memory.index,
+        ef_search=cfg.memory.hnsw_ef_search,
+        nprobe=cfg.memory.ivf_nprobe,
+    )
 
 
 def build_registry(cfg: DictConfig, memory: Memory | None) -> ToolRegistry:

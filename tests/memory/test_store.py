@@ -14,8 +14,9 @@ import faiss
 import numpy as np
 import pytest
 
+from memory import index as memory_index
 from memory.embedders import HashingEmbedder
-from memory.index import make_index
+from memory.index import ivf_nlist, make_index
 from memory.scoring import ScoringWeights
 from memory.store import INDEX_FILE, SQLITE_FILE, FaissMemory
 from memory.types import MemoryConfigError
@@ -212,8 +213,10 @@ def test_bad_input_and_closed_memory(hashing):
         memory.search("something", k=0)
     with pytest.raises(ValueError, match="positive int"):
         memory.search("something", k=2.5)
-    with pytest.raises(ValueError, match="unknown index kind 'ivf'"):
-        FaissMemory(None, hashing, index="ivf")
+    with pytest.raises(ValueError, match=r"unknown index kind 'annoy'.*'flat', 'hnsw', 'ivf'"):
+        FaissMemory(None, hashing, index="annoy")
+    with pytest.raises(ValueError, match="nprobe must be >= 1"):
+        FaissMemory(None, hashing, index="ivf", nprobe=0)
     with pytest.raises(ValueError, match="candidate_factor"):
         FaissMemory(None, hashing, candidate_factor=0)
     memory.close()
@@ -267,3 +270,105 @@ def test_hnsw_ef_search_holds_after_reopen_and_rebuild(hashing, tmp_path):
         assert len(memory) == 2 and _ef_search(memory) == 128
     with pytest.raises(ValueError, match="ef_search must be >= 1"):
         FaissMemory(tmp_path, hashing, index="hnsw", ef_search=0)
+
+
+# ivf: IVF_MIN_TRAIN lowered to 1600 so that a store of a few thousand hashed texts trains (40 cells).
+IVF_TEST_MIN = 1600
+
+
+@pytest.fixture
+def small_ivf(monkeypatch):
+    monkeypatch.setattr(memory_index, "IVF_MIN_TRAIN", IVF_TEST_MIN)
+
+
+def _inner(memory: FaissMemory) -> faiss.Index:
+    return faiss.downcast_index(memory._index.index)
+
+
+def _texts(start: int, stop: int) -> list[str]:
+    """Distinct texts: each one's nearest stored text (hashed bag of words) is itself."""
+    return [
+        f"lesson {i} number {i * 7919 % 10007} topic t{i % 97} step s{i % 13}" for i in range(start, stop)
+    ]
+
+
+def _finds_itself(memory: FaissMemory, texts: list[str], ids: list[int]) -> bool:
+    return all(memory.search(text, k=1)[0].entry.id == i for text, i in zip(texts, ids, strict=True))
+
+
+def test_ivf_store_is_exact_until_it_trains(hashing, small_ivf):
+    memory = FaissMemory(None, hashing, index="ivf", nprobe=5)
+    ids = memory.add_many(_texts(0, IVF_TEST_MIN - 1))
+    assert type(_inner(memory)) is faiss.IndexFlatIP  # exact fallback below the training size
+    ids += memory.add_many(_texts(IVF_TEST_MIN - 1, IVF_TEST_MIN + 99))  # crosses it: trained
+    inner = _inner(memory)
+    assert isinstance(inner, faiss.IndexIVFScalarQuantizer) and inner.is_trained
+    assert inner.nlist == ivf_nlist(IVF_TEST_MIN + 99) and inner.nprobe == 5
+    assert len(memory) == IVF_TEST_MIN + 99
+    sample = slice(0, None, 37)
+    assert _finds_itself(memory, _texts(0, IVF_TEST_MIN + 99)[sample], ids[sample])
+    memory.close()
+
+
+def test_ivf_store_round_trip_without_rebuild(hashing, small_ivf, tmp_path, monkeypatch):
+    relevance_only = ScoringWeights(recency=0.0, importance=0.0)  # searching refreshes last_used
+    queries = _texts(0, 2000)[::101]
+
+    def top5(memory: FaissMemory) -> list[list[int]]:
+        return [[hit.entry.id for hit in memory.search(q, k=5)] for q in queries]
+
+    with FaissMemory(tmp_path, hashing, relevance_only, index="ivf") as memory:
+        ids = memory.add_many(_texts(0, 2000))
+        before = top5(memory)
+    assert [found[0] for found in before] == ids[::101]
+
+    def no_rebuild(self):
+        raise AssertionError("index was rebuilt although the file matched SQLite")
+
+    monkeypatch.setattr(FaissMemory, "_rebuild_index", no_rebuild)
+    with FaissMemory(tmp_path, hashing, relevance_only, index="ivf", nprobe=7) as memory:
+        assert isinstance(_inner(memory), faiss.IndexIVFScalarQuantizer)
+        assert _inner(memory).nprobe == 7 and len(memory) == 2000  # nprobe comes from the caller
+    with FaissMemory(tmp_path, hashing, relevance_only, index="ivf") as memory:
+        assert top5(memory) == before
+
+
+def test_ivf_delete_rebuilds_with_the_right_ids(hashing, small_ivf, tmp_path):
+    texts = _texts(0, 2000)
+    with FaissMemory(tmp_path, hashing, index="ivf") as memory:
+        ids = memory.add_many(texts)
+        gone = ids[::10]
+        assert memory.delete(gone) == len(gone)
+        # Removing in place from IndexIDMap2 over IVF would shift every later id: each survivor
+        # must still be found under its own id, and no deleted id may come back.
+        assert isinstance(_inner(memory), faiss.IndexIVFScalarQuantizer)
+        assert len(memory) == 2000 - len(gone)
+        kept = [(t, i) for t, i in zip(texts, ids, strict=True) if i not in set(gone)][::23]
+        assert _finds_itself(memory, [t for t, _ in kept], [i for _, i in kept])
+        found = {hit.entry.id for t in texts[::10][:40] for hit in memory.search(t, k=5)}
+        assert not found & set(gone)
+        memory.delete(ids[: 2000 - IVF_TEST_MIN + 1])  # below the training size again: exact
+        assert type(_inner(memory)) is faiss.IndexFlatIP
+    with FaissMemory(tmp_path, hashing, index="ivf") as memory:
+        assert sorted(memory.ids()) == sorted(set(ids[2000 - IVF_TEST_MIN + 1 :]) - set(gone))
+        assert type(_inner(memory)) is faiss.IndexFlatIP
+
+
+def test_ivf_store_retrains_when_outgrown(hashing, small_ivf):
+    memory = FaissMemory(None, hashing, index="ivf")
+    ids = memory.add_many(_texts(0, 1600))
+    assert _inner(memory).nlist == 40  # retrains at 4 * 40**2 = 6400 entries
+    ids += memory.add_many(_texts(1600, 6399))
+    assert _inner(memory).nlist == 40
+    ids += memory.add_many(_texts(6399, 6400))
+    assert _inner(memory).nlist == ivf_nlist(6400) == 80
+    texts = _texts(0, 6400)
+    assert _finds_itself(memory, texts[::211], ids[::211])
+    memory.close()
+
+
+def test_ivf_file_of_a_smaller_store_is_retrained_on_open(hashing, small_ivf, tmp_path):
+    with FaissMemory(tmp_path, hashing, index="flat") as memory:  # a flat file is a valid small ivf
+        memory.add_many(_texts(0, 2000))
+    with FaissMemory(tmp_path, hashing, index="ivf") as memory:
+        assert isinstance(_inner(memory), faiss.IndexIVFScalarQuantizer)
