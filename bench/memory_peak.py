@@ -1,7 +1,7 @@
 """Peak memory of GRPO training steps on the real backbone: two roles on one shared backbone (the product),
 one role, and two full backbone copies with one adapter each (the separate-weights design).
 
-    python -m bench.memory_peak                                  # 4 arms x 3 processes: ~10 min on 2 cores
+    python -m bench.memory_peak                                  # 4 arms x 2 processes: ~9 min on 2 cores
     python -m bench.memory_peak --tasks 1 --group 2 --steps 1 --out /tmp/memory.json   # smoke test
     python -m bench.memory_peak model.dtype=float32              # trailing key=value: config overrides
 
@@ -60,7 +60,10 @@ MIB = 2**20
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--tasks", type=int, default=4, help="demonstration tasks per step (train.tasks_per_step: 4)"
+        "--tasks",
+        type=int,
+        default=3,
+        help="demonstration tasks per step: problems of 2, 3 and 4 operations (3)",
     )
     p.add_argument(
         "--group", type=int, default=2, help="copies of each episode, G (2; the peak does not depend on it)"
@@ -69,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", type=int, default=2, help="GRPO steps per arm (2: the second has optimizer state)"
     )
     p.add_argument(
-        "--repeats", type=int, default=3, help="fresh processes per arm; the median is reported (3)"
+        "--repeats", type=int, default=2, help="fresh processes per arm; the lower median is reported (2)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")

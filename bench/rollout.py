@@ -15,7 +15,8 @@ Three arms generate for the same requests with the same per-request seeds and sa
 Every row generates exactly `--new-tokens` tokens (no EOS ids, no stop strings), so the arms do equal
 work. Every call gets a fresh backend with the prefix cache off (`prefix_cache_mb=0`): every arm is
 measured cold, and no two requests share a prompt. Arms run in rotating order, `--repeats` rounds after
-an untimed warm-up; medians are reported, and each arm's prefill alone is timed once (one new token).
+an untimed warm-up; medians are reported, and each arm's prefill alone (one new token per row) is the
+median of three runs.
 
 Decode-step diagnostics take one step apart: the arms' batches, the same mixed batch through PEFT's own
 mixed-adapter path (what HFBackend used before training.mixed_lora), the backbone with adapters off, and
@@ -154,8 +155,11 @@ def measure(
     out = {}
     for arm, rounds in runs.items():
         seconds = statistics.median(r.seconds for r in rounds)
-        prefill = run_calls(backbone, arm_calls(arm, with_length(requests, 1), roles), batch_size).seconds
-        decode = seconds - prefill  # one round's prefill (one token per row) against the median round
+        prefill = statistics.median(  # the prefill alone: one new token per row, three times
+            run_calls(backbone, arm_calls(arm, with_length(requests, 1), roles), batch_size).seconds
+            for _ in range(3)
+        )
+        decode = seconds - prefill
         out[arm] = {
             "calls": len(arm_calls(arm, requests, roles)),
             "generated_tokens": rounds[0].tokens,
