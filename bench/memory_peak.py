@@ -8,10 +8,12 @@ one role, and two full backbone copies with one adapter each (the separate-weigh
 Arms, each in a fresh Python process (a process's peak resident set never goes down):
 
 - two_roles: experiment=arith_hierarchy, one Backbone with both role adapters, one PolicyTrainer;
-- one_role: experiment=arith_single_agent (roles=single_agent), the executor alone on its own turns;
-- two_copies: the hierarchy's roles on two Backbone objects, one adapter each, one trainer each;
-- one_role_same_turns (control): the hierarchy's turns all trained by one adapter, so two_roles against
-  it is the cost of the second role alone, without the difference in turn lengths.
+- one_role: the same turns all trained by one adapter on one Backbone: two_roles against it is the
+  cost of the second role alone, on the same inputs (`two_roles_vs_one`);
+- two_copies: the same turns, the hierarchy's roles on two Backbone objects, one adapter each, one
+  trainer each: the separate-weights design (`two_roles_vs_two_copies`);
+- one_role_experiment: experiment=arith_single_agent (roles=single_agent), the executor alone on its
+  own turns, which are shorter (no plan in its prompt): reported beside, not the headline.
 
 The batch is a GRPO step's: `--tasks` arith demonstration episodes (the real episode code, scripted
 actions; problems of 2, 3 and 4 operations in turn), each repeated `--group` times as one (role, task)
@@ -47,12 +49,12 @@ from bench.common import RESULTS_DIR, machine_info, write_result
 
 RESULTS = RESULTS_DIR / "memory.json"
 TARGETS = {"two_roles_vs_one": 1.15, "two_roles_vs_two_copies": 0.6}
-ARMS = ("two_roles", "one_role", "two_copies", "one_role_same_turns")
+ARMS = ("two_roles", "one_role", "two_copies", "one_role_experiment")
 EXPERIMENTS = {
     "two_roles": "arith_hierarchy",
-    "one_role": "arith_single_agent",
+    "one_role_experiment": "arith_single_agent",
     "two_copies": "arith_hierarchy",
-    "one_role_same_turns": "arith_hierarchy",
+    "one_role": "arith_hierarchy",
 }
 MIB = 2**20
 
@@ -140,15 +142,15 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
     executor = next(r for r in roles if r.kind == "executor")
     adapters = {
         "two_roles": [roles],
-        "one_role": [roles],
+        "one_role_experiment": [roles],
         "two_copies": [[r] for r in roles],
-        "one_role_same_turns": [[executor]],
+        "one_role": [[executor]],
     }[arm]
     backbones = [Backbone.load(model_config(cfg), adapter_configs(a)) for a in adapters]
     stage("loaded")
     system = build_system(cfg, backbones[0])  # roles, chat format and tools for the demonstrations
     turns = grpo_batch(generate_demos(cfg, system), group)
-    if arm == "one_role_same_turns":  # the hierarchy's turns, all trained by one adapter
+    if arm == "one_role":  # the hierarchy's turns, all trained by one adapter
         turns = [replace(t, role=executor.name) for t in turns]
     settings = trainer_settings(cfg, system)
     trainers = [(PolicyTrainer(b, settings), set(b.adapters)) for b in backbones]
@@ -256,8 +258,10 @@ def ratios(arms: dict[str, dict], key: str, floor: str | float = 0.0) -> dict[st
         "two_roles_vs_one": round(peak("two_roles") / peak("one_role"), 3),
         "two_roles_vs_two_copies": round(peak("two_roles") / peak("two_copies"), 3),
     }
-    if "one_role_same_turns" in arms:
-        out["two_roles_vs_one_same_turns"] = round(peak("two_roles") / peak("one_role_same_turns"), 3)
+    if "one_role_experiment" in arms:
+        out["two_roles_vs_single_agent_experiment"] = round(
+            peak("two_roles") / peak("one_role_experiment"), 3
+        )
     return out
 
 
@@ -282,13 +286,15 @@ def where_it_goes(arms: dict[str, dict], empty: float) -> list[str]:
         f"{a['weights_mib']['base_per_backbone']} MiB in {a['dtype']}); a second role's LoRA weights, gradients "
         f"and two AdamW moments are {lora_state:.0f} MiB."
     )
-    if "one_role_same_turns" in arms:
-        d = arms["one_role_same_turns"]
+    out.append(
+        f"same turns, one adapter vs two: step peak {b['step_peak_mib']} vs {a['step_peak_mib']} "
+        f"({a['step_peak_mib'] - b['step_peak_mib']:+.0f} MiB for the second role)."
+    )
+    if "one_role_experiment" in arms:
+        e = arms["one_role_experiment"]
         out.append(
-            f"same turns, one adapter vs two: step peak {d['step_peak_mib']} vs {a['step_peak_mib']} "
-            f"({a['step_peak_mib'] - d['step_peak_mib']:+.0f} MiB for the second role); the single-agent "
-            f"experiment's own turns (longest {b['longest_turn_tokens']} tokens) vs the hierarchy's "
-            f"(longest {d['longest_turn_tokens']}): {d['step_peak_mib'] - b['step_peak_mib']:+.0f} MiB. The step "
+            f"the single-agent experiment's own turns (longest {e['longest_turn_tokens']} tokens) vs the "
+            f"hierarchy's (longest {b['longest_turn_tokens']}): {b['step_peak_mib'] - e['step_peak_mib']:+.0f} MiB. The step "
             "transient grows with the longest turn: activations of the adapted layers and [K, vocab] float32 logits."
         )
     return out

@@ -32,6 +32,9 @@ def test_batch_repeats_each_episode_as_a_group_with_varying_rewards():
 
 def test_ratios_divide_the_product_by_each_alternative():
     arms = {"two_roles": {"p": 110.0}, "one_role": {"p": 100.0}, "two_copies": {"p": 210.0}}
+    # the single-agent experiment's own (shorter) turns are reported beside, when measured
+    with_experiment = {**arms, "one_role_experiment": {"p": 88.0}}
+    assert ratios(with_experiment, "p")["two_roles_vs_single_agent_experiment"] == 1.25
     assert ratios(arms, "p") == {"two_roles_vs_one": 1.1, "two_roles_vs_two_copies": 0.524}
     assert ratios(arms, "p", floor=10.0) == {"two_roles_vs_one": 1.111, "two_roles_vs_two_copies": 0.5}
 
