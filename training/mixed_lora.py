@@ -40,9 +40,7 @@ class StackedLoRA:
 
 
 def stack_layer(layer: LoraLinear) -> StackedLoRA:
-    """The stacked matrices of one PEFT LoRA Linear (every adapter it holds, in PEFT's order), in the
-    base layer's dtype: PEFT keeps LoRA weights in float32 for training, but at inference a bfloat16
-    backbone's LoRA in float32 cost a CPU 4x the matmul time for a delta rounded to bfloat16 anyway."""
+    """The stacked matrices of one PEFT LoRA Linear (every adapter it holds, in PEFT's order)."""
     names = list(layer.lora_A)
     if any(name in getattr(layer, "lora_variant", {}) for name in names):
         raise ValueError(
@@ -54,8 +52,7 @@ def stack_layer(layer: LoraLinear) -> StackedLoRA:
         [layer.lora_B[n].weight * layer.scaling[n] for n in names], dim=1
     ).T.contiguous()  # [R, out]
     layout = tuple((n, layer.lora_A[n].weight.shape[0]) for n in names)
-    dtype = layer.base_layer.weight.dtype
-    return StackedLoRA(a.detach().to(dtype), b.detach().to(dtype), layout)
+    return StackedLoRA(a.detach(), b.detach(), layout)
 
 
 def row_mask(layout: Layout, rows: Sequence[str], dtype: torch.dtype, device) -> torch.Tensor | None:
