@@ -32,6 +32,7 @@ from memory.index import (
     needs_retrain,
     read_index,
     removes_in_place,
+    search_one,
     set_ef_search,
     set_nprobe,
     train_sample_size,
@@ -344,7 +345,7 @@ class FaissMemory:
         n_candidates = min(int(k) * self.candidate_factor, self._index.ntotal)
         if n_candidates == 0:
             return []
-        similarities, found = self._index.search(self._embed([query]), n_candidates)  # [1, C], [1, C]
+        similarities, found = search_one(self._index, self._embed([query]), n_candidates)  # [1, C], [1, C]
         relevance = {int(i): float(s) for i, s in zip(found[0], similarities[0], strict=True) if i >= 0}
         now = self._clock()
         hits = []

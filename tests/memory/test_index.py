@@ -13,7 +13,9 @@ from memory.index import (
     ivf_nlist,
     make_index,
     needs_retrain,
+    one_thread,
     removes_in_place,
+    search_one,
     set_nprobe,
     train_sample_size,
 )
@@ -93,3 +95,24 @@ def test_make_ivf_without_a_sample_says_what_to_pass(small_ivf):
         make_index("ivf", DIM, n=1000, sample=np.zeros((10, DIM), dtype=np.float32))
     with pytest.raises(ValueError, match="nprobe must be >= 1"):
         set_nprobe(make_index("flat", DIM), 0)
+
+
+def test_search_one_runs_on_one_thread_and_restores_the_setting():
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((500, 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    index = make_index("flat", 16)
+    add_vectors(index, np.arange(500, dtype=np.int64), vectors)
+    outside = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)  # the suite runs with OMP_NUM_THREADS=1: make "restored" mean something
+    try:
+        seen = []
+        with one_thread():
+            seen.append(faiss.omp_get_max_threads())
+        assert seen == [1] and faiss.omp_get_max_threads() == 2
+        scores, ids = search_one(index, vectors[7:8], 5)
+        expected_scores, expected_ids = index.search(vectors[7:8], 5)
+        assert ids[0, 0] == 7 and np.array_equal(ids, expected_ids) and np.allclose(scores, expected_scores)
+        assert faiss.omp_get_max_threads() == 2
+    finally:
+        faiss.omp_set_num_threads(outside)
