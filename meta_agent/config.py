@@ -34,10 +34,20 @@ class ModelSchema:
 
 
 @dataclass
+class VLLMSchema:
+    kv_cache_gib: float | None = 1.0  # KV cache; null: sized from gpu_memory_utilization (GPU only)
+    gpu_memory_utilization: float = 0.3  # GPU: the engine's share of memory; the trainer uses the rest
+    cpu_threads: str = "all"  # CPU cores for the engine's threads: all | auto (vLLM's) | a list like 0-1
+    max_model_len: int = 4096  # prompt + completion tokens of one request
+    max_num_seqs: int = 256  # requests decoded together
+
+
+@dataclass
 class BackendSchema:
-    name: str = "hf"  # generation backend: hf (transformers) now, vllm with its extra later
-    batch_size: int = 16  # rows per forward pass
+    name: str = "hf"  # generation backend: hf (transformers) | vllm (needs pip install 'meta-agent[vllm]')
+    batch_size: int = 16  # hf: rows per forward pass
     prefix_cache_mb: float = 2048  # hf: key/value states kept for prompts that extend earlier ones; 0 = off
+    vllm: VLLMSchema = field(default_factory=VLLMSchema)  # vllm: engine start-up settings
 
 
 @dataclass

@@ -22,7 +22,7 @@ from tools import default_registry
 from tools.registry import ToolRegistry
 from training.backbone import ADAPTER_WEIGHTS, AdapterConfig, Backbone, ModelConfig
 from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
-from training.generation import make_backend
+from training.generation import VLLMSettings, make_backend
 from training.types import GenerationBackend, SamplingParams
 
 ADAPTERS_HELP = (
@@ -102,6 +102,14 @@ def adapter_configs(roles: list[RoleSpec]) -> dict[str, AdapterConfig]:
         )
         for r in roles
     }
+
+
+def backend_settings(cfg: DictConfig) -> dict:
+    """The constructor arguments of the backend `cfg.backend.name` names."""
+    if cfg.backend.name == "hf":
+        return {"batch_size": cfg.backend.batch_size, "prefix_cache_mb": cfg.backend.prefix_cache_mb}
+    # vLLM loads the backbone from the folder Backbone.load read it from (the cached safetensors copy).
+    return {"settings": VLLMSettings(**plain(cfg.backend.vllm))}
 
 
 def build_memory(cfg: DictConfig) -> Memory | None:
@@ -189,12 +197,7 @@ def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
         backbone = Backbone.load(model_config(cfg), adapter_configs(roles))
     if saved is not None:
         load_saved_adapters(backbone, saved)
-    backend = make_backend(
-        cfg.backend.name,
-        backbone,
-        batch_size=cfg.backend.batch_size,
-        prefix_cache_mb=cfg.backend.prefix_cache_mb,
-    )
+    backend = make_backend(cfg.backend.name, backbone, **backend_settings(cfg))
     chat = ChatFormat(backbone.tokenizer)
     factory = EpisodeFactory(roles, chat, registry, grade, limits(cfg), memory, memory_settings(cfg))
     return System(backbone, backend, chat, roles, registry, memory, factory)

