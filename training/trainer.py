@@ -171,6 +171,10 @@ class PolicyTrainer:
             tokens = float(batch.loss_mask.sum())
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), temperature)
+                # How far the rollout backend's logprobs are from this forward pass's, token by token.
+                mismatch = (logprobs.detach() - batch.old_logprobs).abs() * batch.loss_mask  # [B, K]
+                sums["mismatch"] += float(mismatch.sum())
+                sums["mismatch_max"] = max(sums["mismatch_max"], float(mismatch.max()))
             sums["entropy"] += float((entropy * batch.loss_mask).sum())
             for name in ("kl", "clip_fraction", "ratio_mean"):
                 sums[name] += stats[name] * tokens
@@ -183,6 +187,9 @@ class PolicyTrainer:
             f"role/{role}/clip_fraction": sums["clip_fraction"] / n,
             f"role/{role}/ratio_mean": sums["ratio_mean"] / n,
             f"role/{role}/entropy": sums["entropy"] / n,
+            # Rollout vs trainer logprobs of the same tokens (before this step's update): backend numerics.
+            f"role/{role}/logprob_mismatch_mean": sums["mismatch"] / n,
+            f"role/{role}/logprob_mismatch_max": sums["mismatch_max"],
             f"role/{role}/trained_tokens": sums["tokens"],
         }
 

@@ -188,3 +188,19 @@ def test_sequence_level_ratio_is_the_same_with_any_micro_batch_size(tokenizer):
     big = adapters_after(tokenizer, 16, grpo, steps=2, two_turns=True)
     for name, value in small.items():
         assert torch.allclose(value, big[name], atol=1e-5), name
+
+
+def test_logprob_mismatch_between_rollout_and_trainer_is_reported(tokenizer):
+    rewards = {(role, ep): float(ep < 2) for role in ROLES for ep in range(4)}  # each task group varies
+    backbone = fresh(tokenizer)
+    turns = rollout_turns(backbone, rewards)
+    settings = TrainerSettings(lr=dict.fromkeys(ROLES, 1e-9), temperature=dict.fromkeys(ROLES, 1.0))
+    trainer = PolicyTrainer(backbone, settings)
+    same = trainer.grpo_step(turns).metrics  # the hf backend in float32 scores what the trainer does
+    # A backend whose logprobs are 0.5 too high on every generated token: the trainer sees it.
+    shifted = [replace(t, logprobs=tuple(lp + 0.5 for lp in t.logprobs)) for t in turns]
+    off = trainer.grpo_step(shifted).metrics
+    for role in ROLES:
+        assert same[f"role/{role}/logprob_mismatch_max"] < 1e-4
+        assert off[f"role/{role}/logprob_mismatch_mean"] == pytest.approx(0.5, abs=1e-3)
+        assert off[f"role/{role}/logprob_mismatch_max"] == pytest.approx(0.5, abs=1e-3)
