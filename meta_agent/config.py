@@ -144,6 +144,7 @@ class GRPOSchema:
     scale_advantages: bool = True
     filter_zero_variance: bool = True
     max_tokens: int | None = None  # dr-grpo's constant normaliser
+    tis_cap: float | None = 2.0  # truncated importance weight vs the rollout backend; null = off
 
 
 @dataclass

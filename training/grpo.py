@@ -5,7 +5,14 @@ one role turn), T completion tokens, V vocabulary. `mask` is 1 on generated toke
 observation tokens (tool results), which never contribute to a loss or a metric.
 
     ratio = importance_ratio(logprobs, old_logprobs, mask, "token")
-    loss, metrics = grpo_loss(logprobs, old_logprobs, None, advantages, mask, **settings.loss_kwargs())
+    loss, metrics = grpo_loss(logprobs, logprobs.detach(), None, advantages, mask,
+                              rollout_logprobs=rollout_logprobs, **settings.loss_kwargs())
+
+Rollout backends score tokens with other kernels than the trainer (vLLM, bf16 KV-cache decode), so
+the policy that sampled a batch differs a little from the one the trainer holds. With `tis_cap` set,
+the PPO ratio is taken against the trainer's own (detached) logprobs, and each token's surrogate is
+weighted by the truncated importance weight min(pi_trainer / pi_rollout, cap) (Yao et al. 2025,
+"truncated importance sampling"): the rollout's numerics decide the weight, never the clipping.
 
 Tests with hand-worked numbers: `pytest tests/training/test_grpo.py`.
 """
@@ -33,6 +40,9 @@ class GRPOSettings:
     scale_advantages: bool = True  # divide by the group's std; False is Dr.GRPO's unscaled advantage
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
     max_tokens: int | None = None  # Dr.GRPO's constant normaliser per row; required by "dr-grpo"
+    # Truncated importance sampling against the rollout backend's logprobs: the weight's upper bound.
+    # None: the ratio is taken against the rollout's logprobs directly (no correction).
+    tis_cap: float | None = 2.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eps_low < 1.0:
@@ -49,6 +59,10 @@ class GRPOSettings:
             raise ValueError(f"grpo.max_tokens must be a positive int or null, got {self.max_tokens}")
         if self.aggregation == "dr-grpo" and self.max_tokens is None:
             raise ValueError("grpo.aggregation 'dr-grpo' needs grpo.max_tokens (the constant normaliser)")
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            raise ValueError(
+                f"grpo.tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}"
+            )
 
     def loss_kwargs(self) -> dict:
         """The keyword arguments of `grpo_loss` that come from these settings."""
@@ -59,6 +73,7 @@ class GRPOSettings:
             "ratio_level": self.ratio_level,
             "aggregation": self.aggregation,
             "max_tokens": self.max_tokens,
+            "tis_cap": self.tis_cap,
         }
 
 
@@ -201,6 +216,24 @@ def importance_ratio(
     return torch.exp(mean_log_ratio).unsqueeze(-1).expand_as(log_ratio)  # [B, T]
 
 
+def truncated_is_weight(
+    trainer_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    cap: float,
+    level: str = "token",
+    episode_ids: Tensor | None = None,
+) -> Tensor:
+    """min(pi_trainer / pi_rollout, cap) per token, at the ratio's level: [B, T] -> [B, T], no gradient.
+
+    The correction for a rollout backend whose numerics differ from the trainer's (truncated
+    importance sampling). At level "turn" or "sequence" the weight is one value per turn or episode,
+    from the mean log difference, like the ratio at that level. Masked tokens get weight 1.
+    """
+    ratio = importance_ratio(trainer_logprobs.detach(), rollout_logprobs, mask, level, episode_ids)
+    return ratio.clamp(max=cap)
+
+
 def clipped_surrogate(
     ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float
 ) -> tuple[Tensor, Tensor]:
@@ -259,19 +292,30 @@ def grpo_loss(
     aggregation: str,
     max_tokens: int | None = None,
     episode_ids: Tensor | None = None,
+    rollout_logprobs: Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss of one batch and its metrics.
 
-    logprobs [B, T] (current policy, with grad), old_logprobs [B, T] (rollout), ref_logprobs [B, T] or
-    None, advantages [B] (or [B, T]), mask [B, T], episode_ids [B] for ratio_level "sequence". Per token:
-    clipped surrogate + beta * k3 KL (the KL term only when beta > 0; it needs ref_logprobs), then
-    `aggregate`d. Metrics are masked token means unless named otherwise: "loss", "kl" (0 without a
-    reference), "clip_fraction", "ratio_mean", "ratio_max", "advantage_mean", "tokens" (count).
+    logprobs [B, T] (current policy, with grad), old_logprobs [B, T] (the policy the ratio is taken
+    against), ref_logprobs [B, T] or None, advantages [B] (or [B, T]), mask [B, T], episode_ids [B] for
+    ratio_level "sequence". Per token: clipped surrogate + beta * k3 KL (the KL term only when beta > 0;
+    it needs ref_logprobs), then `aggregate`d. With `tis_cap` and rollout_logprobs [B, T], the surrogate
+    is weighted by `truncated_is_weight(old_logprobs, rollout_logprobs)`; old_logprobs are then the
+    trainer's. Metrics are masked token means unless named otherwise: "loss", "kl" (0 without a
+    reference), "clip_fraction", "ratio_mean", "ratio_max", "advantage_mean", "tis_weight_mean" and
+    "tis_capped_fraction" (1 and 0 without TIS), "tokens" (count).
     """
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (the reference model's logprobs)")
+    if tis_cap is not None and rollout_logprobs is None:
+        raise ValueError("tis_cap needs rollout_logprobs (the rollout backend's logprobs)")
     ratio = importance_ratio(logprobs, old_logprobs, mask, ratio_level, episode_ids)  # [B, T]
     per_token, clipped = clipped_surrogate(ratio, advantages, eps_low, eps_high)  # [B, T]
+    weight = None
+    if tis_cap is not None:
+        weight = truncated_is_weight(old_logprobs, rollout_logprobs, mask, tis_cap, ratio_level, episode_ids)
+        per_token = per_token * weight
     kl = kl_k3(logprobs, ref_logprobs) if ref_logprobs is not None else None  # [B, T]
     if kl is not None and beta > 0:
         per_token = per_token + beta * kl
@@ -287,6 +331,8 @@ def grpo_loss(
             "ratio_mean": _masked_mean(ratio, mask),
             "ratio_max": float(ratio[keep].max()) if keep.any() else 1.0,
             "advantage_mean": _masked_mean(adv.expand_as(ratio), mask),
+            "tis_weight_mean": _masked_mean(weight, mask) if weight is not None else 1.0,
+            "tis_capped_fraction": _masked_mean(weight >= tis_cap, mask) if weight is not None else 0.0,
             "tokens": float(keep.sum()),
         }
     return loss, metrics

@@ -157,13 +157,17 @@ class PolicyTrainer:
             logits = completion_logits(self.model, batch)  # [B, K, V]
             logprobs = token_logprobs(logits, batch.targets, temperature)
             ref = self._reference_logprobs(batch, temperature) if g.beta > 0 else None
+            # One update per rollout batch: the policy before it is this forward pass. With TIS the ratio
+            # is taken against it and the rollout's logprobs only weigh tokens; without, against them.
+            old = logprobs.detach() if g.tis_cap is not None else batch.old_logprobs
             loss, stats = grpo_loss(
                 logprobs,
-                batch.old_logprobs,
+                old,
                 ref,
                 advantages,
                 batch.loss_mask,
                 episode_ids=batch.episode_ids,
+                rollout_logprobs=batch.old_logprobs,
                 **g.loss_kwargs(),
             )
             weight = _micro_batch_weight(g.aggregation, batch, len(turns), total_tokens)
@@ -176,7 +180,7 @@ class PolicyTrainer:
                 sums["mismatch"] += float(mismatch.sum())
                 sums["mismatch_max"] = max(sums["mismatch_max"], float(mismatch.max()))
             sums["entropy"] += float((entropy * batch.loss_mask).sum())
-            for name in ("kl", "clip_fraction", "ratio_mean"):
+            for name in ("kl", "clip_fraction", "ratio_mean", "tis_weight_mean", "tis_capped_fraction"):
                 sums[name] += stats[name] * tokens
             sums["loss"] += float(loss.detach()) * weight
             sums["tokens"] += tokens
@@ -190,6 +194,9 @@ class PolicyTrainer:
             # Rollout vs trainer logprobs of the same tokens (before this step's update): backend numerics.
             f"role/{role}/logprob_mismatch_mean": sums["mismatch"] / n,
             f"role/{role}/logprob_mismatch_max": sums["mismatch_max"],
+            # The correction of that mismatch (grpo.tis_cap): mean weight, share of tokens at the cap.
+            f"role/{role}/tis_weight_mean": sums["tis_weight_mean"] / n,
+            f"role/{role}/tis_capped_fraction": sums["tis_capped_fraction"] / n,
             f"role/{role}/trained_tokens": sums["tokens"],
         }
 

@@ -21,6 +21,7 @@ from training.grpo import (
     kl_k3,
     sft_loss,
     token_logprobs,
+    truncated_is_weight,
     zero_variance_groups,
 )
 
@@ -222,7 +223,7 @@ def test_grpo_loss_numbers_and_metrics():
     loss, m = grpo_loss(lp, old, None, adv, MASK, **SETTINGS)
     close(loss, -0.493333)
     expected = {"loss": -0.493333, "kl": 0.0, "clip_fraction": 2 / 3, "ratio_mean": 1.0, "ratio_max": 1.5}
-    expected |= {"advantage_mean": 1 / 3, "tokens": 3.0}
+    expected |= {"advantage_mean": 1 / 3, "tis_weight_mean": 1.0, "tis_capped_fraction": 0.0, "tokens": 3.0}
     assert m.keys() == expected.keys()
     close([m[k] for k in expected], list(expected.values()))
     # with ref = 0: k3 at d = ref - lp = [-ln 1.5, 0, ln 2] = [0.666667 + 0.405465 - 1, 0, 2 - 0.693147 - 1]
@@ -238,6 +239,35 @@ def test_grpo_loss_numbers_and_metrics():
     close(m0["kl"], 0.126328)
     with pytest.raises(ValueError, match="ref_logprobs"):
         grpo_loss(lp, old, None, adv, MASK, **(SETTINGS | {"beta": 0.1}))
+
+
+def test_truncated_is_weight_by_hand():
+    # trainer / rollout per masked token: 0.5 / 0.25 = 2 -> capped at 1.5; 0.25 / 0.5 = 0.5; 1 / 1 = 1
+    trainer = torch.tensor([[math.log(0.5), math.log(0.25), 9.0], [0.0, 0.0, 0.0]])
+    rollout = torch.tensor([[math.log(0.25), math.log(0.5), 0.0], [0.0, 0.0, 0.0]])
+    close(truncated_is_weight(trainer, rollout, MASK, cap=1.5), [[1.5, 0.5, 1.0], [1.0, 1.0, 1.0]])
+    # turn level: row 0's mean log weight (ln 2 - ln 2) / 2 = 0 -> 1 on both tokens
+    close(truncated_is_weight(trainer, rollout, MASK, cap=1.5, level="turn"), torch.ones(2, 3))
+    # no gradient flows into the weight
+    lp = trainer.clone().requires_grad_(True)
+    assert not truncated_is_weight(lp, rollout, MASK, cap=1.5).requires_grad
+
+
+def test_grpo_loss_with_truncated_importance_sampling():
+    # The ratio against the trainer's own logprobs is 1 (nothing clipped); rollout logprobs differ:
+    # weights w = [min(e^0.5, 2), e^-1, e^1 -> 2 capped] = [1.648721, 0.367879, 2]; A = [1, -1]
+    # per-token loss -A * w = [-1.648721, -0.367879, 2] -> token-mean (-1.648721 - 0.367879 + 2) / 3
+    #   = -0.005533; d/d lp_t = -A_t * w_t / 3 = [-0.549574, -0.122626, 0.666667]
+    lp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
+    rollout = torch.tensor([[-1.5, -1.0, 0.0], [-1.5, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    loss, m = grpo_loss(lp, lp.detach(), None, adv, MASK, rollout_logprobs=rollout, tis_cap=2.0, **SETTINGS)
+    close(loss, -0.005533)
+    loss.backward()
+    close(lp.grad, [[-0.549574, -0.122626, 0.0], [0.666667, 0.0, 0.0]])
+    close([m["clip_fraction"], m["tis_weight_mean"], m["tis_capped_fraction"]], [0.0, 4.016600 / 3, 1 / 3])
+    with pytest.raises(ValueError, match="rollout_logprobs"):
+        grpo_loss(lp, lp.detach(), None, adv, MASK, tis_cap=2.0, **SETTINGS)
 
 
 @pytest.mark.parametrize("level", ["token", "turn", "sequence"])
@@ -286,6 +316,7 @@ def test_settings_validate_with_the_setting_name():
         ({"eps_high": -0.1}, "eps_high"),
         ({"beta": -1.0}, "beta"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"tis_cap": 0.5}, "tis_cap.*null"),
     ]
     for kwargs, message in bad:
         with pytest.raises(ValueError, match=message):

@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 
 import pytest
@@ -204,3 +205,29 @@ def test_logprob_mismatch_between_rollout_and_trainer_is_reported(tokenizer):
         assert same[f"role/{role}/logprob_mismatch_max"] < 1e-4
         assert off[f"role/{role}/logprob_mismatch_mean"] == pytest.approx(0.5, abs=1e-3)
         assert off[f"role/{role}/logprob_mismatch_max"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_truncated_importance_sampling_corrects_a_rollout_backend_mismatch(tokenizer):
+    """Rollout logprobs 0.5 too high on every token (a backend that rounds differently): without the
+    correction the ratio e^-0.5 = 0.61 falls outside the clip range and negative-advantage tokens lose
+    their gradient; with it nothing is clipped and every token's gradient is weighted by e^-0.5."""
+    rewards = {(role, ep): float(ep < 2) for role in ROLES for ep in range(4)}
+
+    def step(tis_cap, shift):
+        backbone = fresh(tokenizer)
+        turns = rollout_turns(backbone, rewards)
+        turns = [replace(t, logprobs=tuple(lp + shift for lp in t.logprobs)) for t in turns]
+        grpo = GRPOSettings(tis_cap=tis_cap)
+        settings = TrainerSettings(lr=dict.fromkeys(ROLES, 1e-3), max_grad_norm=1e9, grpo=grpo)
+        return PolicyTrainer(backbone, settings).grpo_step(turns).metrics
+
+    exact, corrected, uncorrected = step(2.0, 0.0), step(2.0, 0.5), step(None, 0.5)
+    for role in ROLES:
+        assert uncorrected[f"role/{role}/clip_fraction"] > 0.2
+        assert uncorrected[f"role/{role}/tis_weight_mean"] == 1.0
+        assert corrected[f"role/{role}/clip_fraction"] == 0.0
+        assert corrected[f"role/{role}/tis_weight_mean"] == pytest.approx(math.exp(-0.5), rel=1e-4)
+        assert exact[f"role/{role}/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        # a uniform weight scales the whole gradient
+        scaled = math.exp(-0.5) * exact[f"role/{role}/grad_norm"]
+        assert corrected[f"role/{role}/grad_norm"] == pytest.approx(scaled, rel=1e-3)
