@@ -95,6 +95,9 @@ class FaissMemory:
         higher recall, slower search). Other kinds ignore them.
     flush_every: write the index file after this many adds (0: only on flush/close).
     clock: unix-seconds time source; tests pass a fake one to age entries without sleeping.
+    read_only: another process owns the folder (rank 0 of a multi-process run): this one never writes
+        to it (adds and deletes raise, searches leave last_used alone, the index file is never written)
+        and calls refresh() to see what the owner committed.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class FaissMemory:
         nprobe: int = IVF_NPROBE,
         flush_every: int = 1000,
         clock: Callable[[], float] = time.time,
+        read_only: bool = False,
     ):
         if candidate_factor < 1:
             raise ValueError(f"candidate_factor must be >= 1, got {candidate_factor}")
@@ -126,6 +130,9 @@ class FaissMemory:
         self.candidate_factor = candidate_factor
         self.index_kind = index
         self.flush_every = flush_every
+        self.read_only = read_only
+        if read_only and path is None:
+            raise ValueError("a read-only memory needs a folder (path) that another process writes")
         self._clock = clock
         self._adds_since_flush = 0
         self._dirty = False
@@ -250,7 +257,7 @@ class FaissMemory:
 
         kind, task and reward are either one value for all texts or one value per text.
         """
-        self._check_open()
+        self._check_writable()
         if isinstance(texts, str):
             raise ValueError("add_many takes a sequence of texts, got a single str; use add()")
         for text in texts:
@@ -291,7 +298,7 @@ class FaissMemory:
 
     def delete(self, ids: Sequence[int] | Iterable[int]) -> int:
         """Remove the entries with these ids; unknown ids are ignored. Returns how many were removed."""
-        self._check_open()
+        self._check_writable()
         wanted = sorted({int(i) for i in ids})
         if not wanted:
             return 0
@@ -312,7 +319,7 @@ class FaissMemory:
         """Write the index file atomically if it changed since the last write (no-op in memory)."""
         self._check_open()
         self._adds_since_flush = 0
-        if self.path is None or not self._dirty:
+        if self.path is None or not self._dirty or self.read_only:
             return
         write_index_atomic(self._index, self.path / INDEX_FILE)
         self._dirty = False
@@ -355,6 +362,8 @@ class FaissMemory:
         # Ties go to the older entry so that equal scores rank the same way every time.
         hits.sort(key=lambda hit: (-hit.score, hit.entry.id))
         hits = hits[:k]
+        if self.read_only:
+            return hits
         with self._db:
             self._db.executemany(
                 "UPDATE entries SET last_used = ? WHERE id = ?", [(now, h.entry.id) for h in hits]
@@ -394,6 +403,38 @@ class FaissMemory:
                 f"{len(texts)} texts; expected ({len(texts)}, {self.dim})"
             )
         return vectors
+
+    def refresh(self) -> int:
+        """Catch up with what another process committed to this folder: index new entries, drop
+        deleted ones. Returns the number of entries added to the index."""
+        self._check_open()
+        stored, indexed = self._sqlite_ids(), index_ids(self._index)
+        if np.setdiff1d(indexed, stored).size:  # deletions: rebuild, as delete() does for most kinds
+            self._index = self._rebuild_index()
+            return max(len(stored) - len(indexed), 0)
+        new = np.setdiff1d(stored, indexed)
+        for start in range(0, len(new), _SAMPLE_CHUNK):
+            chunk = [int(i) for i in new[start : start + _SAMPLE_CHUNK]]
+            placeholders = ",".join("?" * len(chunk))
+            rows = self._db.execute(
+                f"SELECT id, vector FROM entries WHERE id IN ({placeholders}) ORDER BY id", chunk
+            ).fetchall()
+            ids = np.asarray([row[0] for row in rows], dtype=np.int64)
+            vectors = np.frombuffer(b"".join(row[1] for row in rows), dtype="<f4").reshape(
+                len(rows), self.dim
+            )
+            add_vectors(self._index, ids, vectors)
+        if needs_retrain(self._index, self.index_kind):
+            self._index = self._rebuild_index()
+        return int(new.size)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise ValueError(
+                f"memory at {self._where()} is open read-only (another process, rank 0, writes it): "
+                "write through that process"
+            )
 
     def _check_open(self) -> None:
         if self._db is None:

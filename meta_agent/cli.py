@@ -29,7 +29,7 @@ from meta_agent.runner import play
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
-from meta_agent.train import generate_demos, train
+from meta_agent.train import generate_demos, start_ranks, train
 from training.backbone import BackboneNotFound
 
 console = Console()
@@ -145,9 +145,14 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         # A resumed run goes on in its own folder: same memory, same checkpoints, same event files.
         overrides = [*overrides, f"run_dir={run_folder(Path(resume))}"]
     cfg = load_config(overrides)
-    run_dir = start_run(cfg, command)
+    ranks = start_ranks(cfg)  # one process, or this one's rank under `accelerate launch`
+    if ranks.size > 1:
+        cfg.run_dir = ranks.broadcast(str(cfg.run_dir))  # one folder, named by rank 0's clock
+        console.quiet = not ranks.main
+    run_dir = start_run(cfg, command) if ranks.main else Path(cfg.run_dir)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
-    final = train(cfg, run_dir)
+    final = train(cfg, run_dir, ranks)
+    ranks.close()
     console.print(
         f"held-out accuracy ({cfg.train.eval_task}, {cfg.train.eval_limit} problems): "
         + "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))

@@ -65,15 +65,20 @@ class EpisodeFactory:
 
     def commit_lessons(self, episodes: Sequence[Episode]) -> int:
         """Write the lessons of finished episodes to memory; returns how many were written."""
+        lessons = self.lessons(episodes)
+        for text, task, reward in lessons:
+            self.memory.add(text, kind="lesson", task=task, reward=reward)
+        return len(lessons)
+
+    def lessons(self, episodes: Sequence[Episode]) -> list[tuple[str, str, float]]:
+        """(text, task id, reward) of each lesson these finished episodes would store, in order."""
         if self.memory is None or not self.memory_settings.write_lessons:
-            return 0
-        written = 0
-        for ep in episodes:
-            reward = max(ep.rewards.values(), default=0.0)
-            if ep.lesson and reward >= self.memory_settings.min_reward_to_write:
-                self.memory.add(ep.lesson, kind="lesson", task=ep.task.id, reward=1.0 if ep.correct else -1.0)
-                written += 1
-        return written
+            return []
+        return [
+            (ep.lesson, ep.task.id, 1.0 if ep.correct else -1.0)
+            for ep in episodes
+            if ep.lesson and max(ep.rewards.values(), default=0.0) >= self.memory_settings.min_reward_to_write
+        ]
 
 
 def request_seed(seed: int, episode_index: int, step: int) -> int:
@@ -89,10 +94,13 @@ def play(
     *,
     seed: int = 0,
     on_step: Callable[[int], None] | None = None,
+    first_index: int = 0,
 ) -> int:
     """Run episodes to the end with batched generation. Returns the number of generation calls.
 
     `sampling` gives each role's temperature and top-p; the episode sets max_new_tokens and stops.
+    Episode i samples with the seed of index `first_index + i`: a rank that plays a share of a batch
+    passes its share's offset and samples what one process playing the whole batch would.
     """
     steps = [0] * len(episodes)
     calls = 0
@@ -111,7 +119,9 @@ def play(
                 stop=req.stop,
             )
             batch.append(
-                GenerationRequest(req.role, req.prompt_ids, params, seed=request_seed(seed, i, steps[i]))
+                GenerationRequest(
+                    req.role, req.prompt_ids, params, seed=request_seed(seed, first_index + i, steps[i])
+                )
             )
         results = backend.generate(batch)
         for i, result in zip(live, results, strict=True):

@@ -41,6 +41,12 @@ class System:
     memory: Memory | None
     factory: EpisodeFactory
 
+    @property
+    def memory_private(self) -> bool:
+        """The memory lives in this process only (memory.path=null): under several processes each rank
+        keeps its own copy and writes every lesson itself."""
+        return self.memory is not None and getattr(self.memory, "path", None) is None
+
     def sampling(self, temperature: float | None = None) -> dict[str, SamplingParams]:
         """Each role's sampling settings; `temperature` overrides them all (0 for greedy eval)."""
         return {
@@ -112,7 +118,9 @@ def backend_settings(cfg: DictConfig) -> dict:
     return {"settings": VLLMSettings(**plain(cfg.backend.vllm))}
 
 
-def build_memory(cfg: DictConfig) -> Memory | None:
+def build_memory(cfg: DictConfig, *, read_only: bool = False) -> Memory | None:
+    """The memory `cfg.memory` describes; `read_only` for a process that shares its folder with the
+    one that writes it (the ranks after the first of a multi-process run)."""
     if not cfg.memory.enabled:
         return None
     path = Path(cfg.memory.path) if cfg.memory.path else None
@@ -122,6 +130,7 @@ def build_memory(cfg: DictConfig) -> Memory | None:
         index=cfg.memory.index,
         ef_search=cfg.memory.hnsw_ef_search,
         nprobe=cfg.memory.ivf_nprobe,
+        read_only=read_only and path is not None,
     )
 
 
@@ -175,15 +184,18 @@ def load_saved_adapters(backbone: Backbone, folder: Path) -> None:
         ) from err
 
 
-def build_system(cfg: DictConfig, backbone: Backbone | None = None) -> System:
+def build_system(
+    cfg: DictConfig, backbone: Backbone | None = None, *, memory_read_only: bool = False
+) -> System:
     """Everything a run needs, the role adapters of `adapters=` loaded if set.
 
-    Pass `backbone` to reuse one already loaded (tests, notebooks).
+    Pass `backbone` to reuse one already loaded (tests, notebooks). `memory_read_only`: another process
+    writes the memory folder (see build_memory).
     """
     roles = role_specs(cfg)
     # Checked before anything loads, so a wrong adapters= fails in a second.
     saved = adapters_folder(cfg.adapters, [r.name for r in roles]) if cfg.adapters else None
-    memory = build_memory(cfg)
+    memory = build_memory(cfg, read_only=memory_read_only)
     if memory is None:
         # memory.enabled=false switches memory off everywhere, the memory_search tool included.
         roles = [replace(r, tools=tuple(t for t in r.tools if t != "memory_search")) for r in roles]

@@ -2,13 +2,20 @@
 
     meta-agent train experiment=arith_hierarchy           # configs/experiment/arith_hierarchy.yaml
     meta-agent train experiment=arith_hierarchy resume=runs/arith_hierarchy   # continue exactly
+    accelerate launch --multi_gpu --num_processes 2 -m meta_agent train experiment=arith_hierarchy
 
 One step: G episodes of the whole hierarchy per task -> rewards per role -> advantages within
 (role, task) groups -> per-role clipped loss -> one optimizer step -> log -> eval -> checkpoint.
+
+Under N processes each rank plays a contiguous share of the step's tasks (all G episodes of a task on
+one rank, so advantages need no communication), the gradients are summed over ranks in the trainer,
+the held-out set is split over ranks and its counts summed, and lessons are gathered and committed by
+rank 0, after which every rank's memory catches up. Only rank 0 writes logs, traces and checkpoints.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -16,10 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from memory.types import Memory
 from meta_agent.config import limits, plain
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
@@ -28,6 +37,7 @@ from meta_agent.system import System, build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
 from training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from training.distributed import Ranks
 from training.grpo import GRPOSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer, TrainerSettings
@@ -48,6 +58,23 @@ class Stage:
     base_accuracy: float | None = None
     sft_accuracy: float | None = None
     memory_max_id: int = 0  # newest memory entry at the checkpoint; later writes are undone on resume
+
+
+def commit_lessons(
+    memory: Memory | None, lessons: Sequence[tuple[str, str, float]], ranks: Ranks, *, private: bool = False
+) -> None:
+    """Every rank's `lessons` ((text, task, reward), see EpisodeFactory.lessons), in global episode
+    order, committed once by rank 0; afterwards every rank's memory holds the same entries. A private
+    (in-process) memory is written by every rank itself."""
+    lessons = ranks.gather(list(lessons))
+    if memory is None or not lessons:
+        return
+    if ranks.main or private:
+        for text, task, reward in lessons:
+            memory.add(text, kind="lesson", task=task, reward=reward)
+    ranks.barrier()
+    if not ranks.main and not private:
+        memory.refresh()
 
 
 def trainer_settings(cfg: DictConfig, system: System, *, sft: bool = False) -> TrainerSettings:
@@ -102,11 +129,19 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[str], meta: str
     return metrics
 
 
-def held_out(system: System, cfg: DictConfig, tasks: dict[str, list[Task]]) -> float:
+def held_out(
+    system: System, cfg: DictConfig, tasks: dict[str, list[Task]], ranks: Ranks | None = None
+) -> float:
     # No lesson writes: what the roles saw of the test set must not reach the memory they train with.
     # So the last reflection, which can only write a lesson, is skipped: the answers are the same.
-    scores = system.evaluate(tasks, cfg, write_lessons=False, final_reflection=False)
-    return sum(s.correct for s in scores.values()) / max(sum(s.total for s in scores.values()), 1)
+    # Each rank plays its share of the problems (greedy: the same answers as one process).
+    ranks = ranks or Ranks()
+    mine = {name: ranks.shard(task_list) for name, task_list in tasks.items()}
+    scores = system.evaluate(mine, cfg, write_lessons=False, final_reflection=False)
+    correct, total = ranks.sum(
+        [sum(s.correct for s in scores.values()), sum(s.total for s in scores.values())]
+    )
+    return correct / max(total, 1)
 
 
 def sft_turns(cfg: DictConfig, system: System) -> list[Turn]:
@@ -134,43 +169,68 @@ def generate_demos(cfg: DictConfig, system: System) -> list[Episode]:
     )
 
 
-def run_sft(cfg, system, turns: Sequence[Turn], log, eval_tasks, state: Stage, ckpt_root: Path) -> None:
+def run_sft(
+    cfg,
+    system,
+    turns: Sequence[Turn],
+    log,
+    eval_tasks,
+    state: Stage,
+    ckpt_root: Path,
+    ranks: Ranks | None = None,
+) -> None:
     """Train on demonstration `turns` (see sft_turns), episode by episode, until held-out accuracy
-    stops rising."""
+    stops rising. Each rank trains on its share of each step's episodes."""
+    ranks = ranks or Ranks()
     by_episode: dict[int, list] = {}
     for t in turns:
         by_episode.setdefault(t.episode, []).append(t)
-    trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system, sft=True))
+    trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system, sft=True), ranks=ranks)
     episodes = list(by_episode)
     since_best = 0
     best_dir = ckpt_root / "sft-best"
-    shutil.rmtree(best_dir, ignore_errors=True)  # never start GRPO from an earlier run's adapters
+    if ranks.main:
+        shutil.rmtree(best_dir, ignore_errors=True)  # never start GRPO from an earlier run's adapters
     while state.step < cfg.sft.max_steps:
         chosen = next_tasks(episodes, state.step * cfg.sft.batch_size, cfg.sft.batch_size, cfg.seed)
-        result = trainer.sft_step([t for e in chosen for t in by_episode[e]])
+        result = trainer.sft_step([t for e in ranks.shard(chosen) for t in by_episode[e]])
         state.step += 1
-        log.scalars({f"sft/{k}": v for k, v in result.metrics.items()}, state.step)
+        metrics = ranks.combine_metrics(result.metrics)
+        log.scalars({f"sft/{k}": v for k, v in metrics.items()}, state.step)
         if state.step % cfg.sft.eval_every == 0 or state.step == cfg.sft.max_steps:
-            acc = held_out(system, cfg, eval_tasks)
+            acc = held_out(system, cfg, eval_tasks, ranks)
             log.scalars({"sft/eval/accuracy": acc}, state.step)
             console.print(f"sft step {state.step}: held-out accuracy {acc:.3f}")
             if acc > state.best_sft_accuracy:
                 state.best_sft_accuracy, since_best = acc, 0
-                system.backbone.save_adapters(best_dir)
+                if ranks.main:
+                    system.backbone.save_adapters(best_dir)
             else:
                 since_best += 1
                 if since_best >= cfg.sft.patience:
                     break
+    ranks.barrier()  # rank 0 has written sft-best
     if best_dir.exists():
         system.backbone.load_adapters(best_dir)  # the best SFT adapters start GRPO
     state.sft_accuracy = max(state.best_sft_accuracy, 0.0)
     state.stage, state.step = "grpo", 0
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
-    system = build_system(cfg)
-    log = RunLog(run_dir)
-    traces = TraceWriter(run_dir / "traces.jsonl")
+def train(cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None) -> dict[str, float]:
+    ranks = ranks or start_ranks(cfg)
+    if ranks.size > 1 and cfg.train.tasks_per_step < ranks.size:
+        raise ValueError(
+            f"train.tasks_per_step={cfg.train.tasks_per_step} gives some of the {ranks.size} processes no "
+            f"task: set train.tasks_per_step to at least {ranks.size} (a multiple of it splits evenly)"
+        )
+    # Rank 0 first: it converts the backbone's cache and creates the memory folder the others open.
+    if not ranks.main:
+        ranks.barrier()
+    system = build_system(cfg, memory_read_only=not ranks.main)
+    if ranks.main:
+        ranks.barrier()
+    log = RunLog(run_dir, enabled=ranks.main)
+    traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / "checkpoints"
     role_names = [r.name for r in system.roles]
     meta_name = next((r.name for r in system.roles if r.kind == "meta_thinker"), None)
@@ -182,24 +242,28 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     }
     if cfg.resume:
         # GRPO resumes exactly: adapters, optimizer, scheduler, RNG, data position, step.
-        trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system))
+        trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system), ranks=ranks)
         _, saved = load_checkpoint(resolve_resume(cfg.resume), trainer)
         state = Stage(**saved["stage"])
         if system.memory is not None:
             # Lessons committed after the checkpoint belong to steps that will be replayed.
-            system.memory.delete([i for i in system.memory.ids() if i > state.memory_max_id])
+            if ranks.main or system.memory_private:
+                system.memory.delete([i for i in system.memory.ids() if i > state.memory_max_id])
+            ranks.barrier()
+            if not ranks.main and not system.memory_private:
+                system.memory.refresh()
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
         state = Stage(stage="sft" if cfg.sft.enabled else "grpo")
         # Before the first evaluation, so a bad demonstration file fails at start-up.
         demos = sft_turns(cfg, system) if state.stage == "sft" else []
-        state.base_accuracy = held_out(system, cfg, eval_tasks)
+        state.base_accuracy = held_out(system, cfg, eval_tasks, ranks)
         log.scalars({"eval/accuracy": state.base_accuracy}, 0)
         console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
         if state.stage == "sft":
-            run_sft(cfg, system, demos, log, eval_tasks, state, ckpt_root)
+            run_sft(cfg, system, demos, log, eval_tasks, state, ckpt_root, ranks)
             console.print(f"held-out accuracy after SFT: {state.sft_accuracy:.3f}")
-        trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system))
+        trainer = PolicyTrainer(system.backbone, trainer_settings(cfg, system), ranks=ranks)
     sampling = system.sampling()
     columns = [
         TextColumn("grpo"),
@@ -209,15 +273,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
         TextColumn("{task.fields[info]}"),
     ]
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
-    with Progress(*columns, console=console) as progress:
+    with Progress(*columns, console=console, disable=not ranks.main) as progress:
         bar = progress.add_task("grpo", total=cfg.train.steps, completed=state.step, info="")
         budget = cfg.train.token_budget
         while state.step < cfg.train.steps and (budget is None or state.generated_tokens < budget):
             started = time.perf_counter()
             tasks = next_tasks(pool, state.data_pos, cfg.train.tasks_per_step, cfg.seed)
-            episodes = [system.factory.new(t) for t in tasks for _ in range(cfg.train.group_size)]
-            play(episodes, system.backend, sampling, seed=cfg.seed * 1_000_003 + state.step)
-            system.factory.commit_lessons(episodes)
+            first_task, _ = ranks.shard_bounds(len(tasks))
+            episodes = [
+                system.factory.new(t) for t in ranks.shard(tasks) for _ in range(cfg.train.group_size)
+            ]
+            seed = cfg.seed * 1_000_003 + state.step
+            play(episodes, system.backend, sampling, seed=seed, first_index=first_task * cfg.train.group_size)
+            lessons = system.factory.lessons(episodes)
+            commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
             turns = [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
             rollout_s = time.perf_counter() - started
             result = trainer.grpo_step(turns)
@@ -226,18 +295,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             state.data_pos += len(tasks)
             elapsed = time.perf_counter() - started
             tokens = sum(t.generated_tokens for ep in episodes for t in ep.turns)
-            state.generated_tokens += tokens
+            state.generated_tokens += int(ranks.sum([tokens])[0])  # the budget is global: same on every rank
             metrics = {**result.metrics, **rollout_metrics(episodes, role_names, meta_name)}
             metrics.update(
                 {"time/step_s": elapsed, "time/rollout_s": rollout_s, "time/tokens_per_s": tokens / elapsed}
             )
+            metrics = ranks.combine_metrics(metrics)
             log.scalars(metrics, state.step)
             if state.step % cfg.train.trace_every == 0 or state.step == 1:
                 for k, ep in enumerate(episodes[: cfg.train.group_size : max(cfg.train.group_size // 2, 1)]):
                     log.text(f"traces/episode_{k}", episode_markdown(ep), state.step)
-                traces.write(episodes, split="train", step=state.step)
+                if traces is not None:  # rank 0's episodes: a sample of the step
+                    traces.write(episodes, split="train", step=state.step)
             if state.step % cfg.train.eval_every == 0 or state.step == cfg.train.steps:
-                accuracy = held_out(system, cfg, eval_tasks)
+                accuracy = held_out(system, cfg, eval_tasks, ranks)
                 log.scalars({"eval/accuracy": accuracy}, state.step)
             if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.steps:
                 checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
@@ -246,9 +317,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
             progress.update(bar, advance=1, info=info)
     if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
         # Stopped early by the token budget: evaluate and keep what the run reached.
-        accuracy = held_out(system, cfg, eval_tasks)
+        accuracy = held_out(system, cfg, eval_tasks, ranks)
         log.scalars({"eval/accuracy": accuracy}, state.step)
         checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
+    if ranks.size > 1:
+        check_ranks_agree(system, ranks, run_dir)
     final = {"eval/accuracy_before": state.base_accuracy}
     if state.sft_accuracy is not None:
         final["eval/accuracy_after_sft"] = state.sft_accuracy
@@ -259,6 +332,38 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, float]:
     log.close()
     system.close()
     return final
+
+
+def start_ranks(cfg: DictConfig) -> Ranks:
+    """This process's rank; under several processes `model.device` becomes its own device."""
+    ranks = Ranks.start(cfg.model.device)
+    if ranks.size > 1:
+        cfg.model.device = ranks.device
+        if not ranks.main:
+            console.quiet = True
+    return ranks
+
+
+def check_ranks_agree(system: System, ranks: Ranks, run_dir: Path) -> None:
+    """Every rank must end with the same adapters; rank 0 records their checksums in ranks.json."""
+    adapters = {
+        role: torch.cat([p.detach().reshape(-1).double() for p in system.backbone.trainable_parameters(role)])
+        for role in system.backbone.adapters
+    }
+    sums = ranks.checksums(adapters)
+    if ranks.main:
+        (run_dir / "ranks.json").write_text(
+            json.dumps({"world_size": ranks.size, "adapter_checksums": sums}, indent=2)
+        )
+    if any(
+        abs(a - b) > 1e-9 * max(1.0, abs(b))
+        for s in sums
+        for a, b in zip(s.values(), sums[0].values(), strict=True)
+    ):
+        raise RuntimeError(
+            f"the {ranks.size} processes ended with different adapters (checksums {sums}): gradients were "
+            "not synchronised; report this with the run's config"
+        )
 
 
 def checkpoint(system: System, trainer: PolicyTrainer, state: Stage, root: Path, keep: int) -> None:

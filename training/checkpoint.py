@@ -7,7 +7,8 @@ Layout of a checkpoint root:
 
     latest                  text file: the name of the newest complete checkpoint ("step-000012")
     step-000012/adapters/<role>/   each role's LoRA adapter in PEFT format (Backbone.save_adapters)
-    step-000012/trainer.pt  optimizer, scheduler, step and RNG states (python, numpy, torch CPU and CUDA)
+    step-000012/trainer.pt  optimizer, scheduler, step and RNG states (python, numpy, torch CPU and CUDA;
+                            one set per process)
     step-000012/state.json  the caller's JSON state (data position, stage, ...)
 
 A checkpoint is written whole into `.tmp-step-<step>-<pid>/` and renamed into place, then `latest` is
@@ -182,6 +183,7 @@ def save_checkpoint(
     root = Path(root)
     final = root / step_dirname(step)
     accelerator = trainer.accelerator
+    rng = trainer.ranks.gather_one(rng_states())  # each rank's generators, in rank order
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()
         return final
@@ -202,7 +204,8 @@ def save_checkpoint(
                 "roles": list(trainer.backbone.adapters),
                 "optimizer": trainer.optimizer.state_dict(),
                 "scheduler": trainer.scheduler.state_dict(),
-                "rng": rng_states(),
+                "rng": rng[0],
+                "rng_ranks": rng,
             },
             tmp / TRAINER_FILE,
         )
@@ -306,5 +309,9 @@ def load_checkpoint(path: str | Path, trainer: PolicyTrainer) -> tuple[int, dict
             f"optimizer/scheduler state in {path / TRAINER_FILE} does not fit this trainer ({err}): "
             "resume with the adapter settings (rank, target modules) of the run that wrote it"
         ) from err
-    set_rng_states(saved["rng"])
+    # Each rank continues its own random streams; a run resumed on another number of processes
+    # restores rank 0's on every rank.
+    per_rank = saved.get("rng_ranks") or [saved["rng"]]
+    ranks = trainer.ranks
+    set_rng_states(per_rank[ranks.rank] if len(per_rank) == ranks.size else saved["rng"])
     return int(saved["step"]), state

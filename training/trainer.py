@@ -6,8 +6,10 @@
 
 Roles own disjoint LoRA parameters, so each role accumulates gradients over its micro-batches with
 its adapter active, then a single AdamW step (one parameter group, one learning rate per role)
-updates every role. The trainer stands on accelerate's Accelerator for device, precision and
-gradient synchronisation, so more ranks add data, not code.
+updates every role. The trainer stands on accelerate's Accelerator for device and precision. Under
+several processes (`training.distributed.Ranks`) each rank trains on its own turns, every loss is
+normalised by the whole batch's token and row counts, and the gradients are summed over ranks before
+the step, so N ranks end with the adapters one process would have from the same global batch.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from accelerate import Accelerator
 
 from training.backbone import Backbone
 from training.batch import TurnBatch, collate, completion_logits, micro_batches
+from training.distributed import Ranks
 from training.grpo import (
     GRPOSettings,
     entropy_from_logits,
@@ -63,12 +66,19 @@ class StepResult:
 
 
 class PolicyTrainer:
-    def __init__(self, backbone: Backbone, settings: TrainerSettings, accelerator: Accelerator | None = None):
+    def __init__(
+        self,
+        backbone: Backbone,
+        settings: TrainerSettings,
+        accelerator: Accelerator | None = None,
+        ranks: Ranks | None = None,
+    ):
         missing = [r for r in backbone.adapters if r not in settings.lr]
         if missing:
             raise ValueError(f"no learning rate for roles {missing}; set one per role")
         self.backbone = backbone
         self.settings = settings
+        self.ranks = ranks or Ranks()
         self.accelerator = accelerator or Accelerator(cpu=backbone.device.type == "cpu")
         groups = [
             {"params": backbone.trainable_parameters(role), "lr": settings.lr[role], "name": role}
@@ -79,15 +89,17 @@ class PolicyTrainer:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
         )
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(
-            backbone.model, optimizer, scheduler
-        )
+        # The model is not wrapped (no DDP): gradients are summed over ranks once per step, see
+        # training.distributed. The backbone already sits on this rank's device.
+        self.model = backbone.model
+        self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
         if settings.gradient_checkpointing:
             # Non-reentrant checkpoints need no input that requires grad (the embeddings are frozen);
             # generation runs in eval mode, where transformers skips checkpointing.
             backbone.model.base_model.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        self._stepped_roles: set[str] = set()  # roles some rank trains in the current step
         self.pad_id = backbone.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = backbone.tokenizer.eos_token_id
@@ -126,10 +138,11 @@ class PolicyTrainer:
         by_role: dict[str, list[int]] = defaultdict(list)
         for i in keep:
             by_role[turns[i].role].append(i)
+        totals = self._global_sizes({role: [turns[i] for i in idx] for role, idx in by_role.items()})
         for role, idx in by_role.items():
             role_turns = [turns[i] for i in idx]
             role_adv = {id(turns[i]): advantages[i] for i in idx}
-            metrics.update(self._grpo_role(role, role_turns, role_adv))
+            metrics.update(self._grpo_role(role, role_turns, role_adv, *totals[role]))
         kept = set(keep)
         for role in self.backbone.adapters:
             idx = [i for i, t in enumerate(turns) if t.role == role]
@@ -141,7 +154,21 @@ class PolicyTrainer:
         metrics.update(self._optimizer_step())
         return StepResult(metrics, [advantages[i] if i in kept else 0.0 for i in range(len(turns))])
 
-    def _grpo_role(self, role: str, turns: list[Turn], adv: dict[int, float]) -> dict[str, float]:
+    def _global_sizes(self, by_role: Mapping[str, Sequence[Turn]]) -> dict[str, tuple[int, int]]:
+        """(turns, loss tokens) of each role over every rank: the normalisers of the whole batch."""
+        roles = list(self.backbone.adapters)
+        local = []
+        for role in roles:
+            local += [len(by_role.get(role, ())), sum(sum(t.loss_mask) for t in by_role.get(role, ()))]
+        total = self.ranks.sum(local)
+        sizes = {role: (int(total[2 * k]), int(total[2 * k + 1])) for k, role in enumerate(roles)}
+        # Roles no rank trains this step keep gradient None everywhere, so AdamW skips them as in one process.
+        self._stepped_roles = {role for role, (rows, _) in sizes.items() if rows > 0}
+        return sizes
+
+    def _grpo_role(
+        self, role: str, turns: list[Turn], adv: dict[int, float], total_rows: int, total_tokens: int
+    ) -> dict[str, float]:
         g = self.settings.grpo
         temperature = self.settings.temperature.get(role, 1.0)
         self.backbone.activate(role)
@@ -149,7 +176,6 @@ class PolicyTrainer:
         chunks = micro_batches(
             turns, self.settings.micro_batch_size, whole_episodes=g.ratio_level == "sequence"
         )
-        total_tokens = sum(sum(t.loss_mask) for t in turns)
         sums: dict[str, float] = defaultdict(float)
         for chunk in chunks:
             batch = collate(chunk, self.pad_id, self.accelerator.device)
@@ -170,7 +196,7 @@ class PolicyTrainer:
                 rollout_logprobs=batch.old_logprobs,
                 **g.loss_kwargs(),
             )
-            weight = _micro_batch_weight(g.aggregation, batch, len(turns), total_tokens)
+            weight = _micro_batch_weight(g.aggregation, batch, total_rows, total_tokens)
             self.accelerator.backward(loss * weight)
             tokens = float(batch.loss_mask.sum())
             with torch.no_grad():
@@ -213,10 +239,11 @@ class PolicyTrainer:
         by_role: dict[str, list[Turn]] = defaultdict(list)
         for t in turns:
             by_role[t.role].append(t)
+        totals = self._global_sizes(by_role)
         for role, role_turns in by_role.items():
             self.backbone.activate(role)
             self.model.train()
-            total_tokens = sum(sum(t.loss_mask) for t in role_turns)
+            total_tokens = totals[role][1]
             nll = 0.0
             for chunk in micro_batches(role_turns, self.settings.micro_batch_size):
                 batch = collate(chunk, self.pad_id, self.accelerator.device)
@@ -226,13 +253,16 @@ class PolicyTrainer:
                 self.accelerator.backward(loss * weight)
                 nll += float(loss.detach()) * weight
             metrics[f"role/{role}/sft_nll"] = nll
-            metrics[f"role/{role}/trained_tokens"] = float(total_tokens)
+            metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in role_turns))
         metrics.update(self._optimizer_step())
         return StepResult(metrics, [0.0] * len(turns))
 
     # ---- shared ------------------------------------------------------------------------------
 
     def _optimizer_step(self) -> dict[str, float]:
+        stepped, self._stepped_roles = self._stepped_roles, set()
+        groups = self.optimizer.param_groups
+        self.ranks.sum_gradients([p for g in groups if g["name"] in stepped for p in g["params"]])
         metrics = {}
         for group in self.optimizer.param_groups:
             params = [p for p in group["params"] if p.grad is not None]

@@ -372,3 +372,32 @@ def test_ivf_file_of_a_smaller_store_is_retrained_on_open(hashing, small_ivf, tm
         memory.add_many(_texts(0, 2000))
     with FaissMemory(tmp_path, hashing, index="ivf") as memory:
         assert isinstance(_inner(memory), faiss.IndexIVFScalarQuantizer)
+
+
+def test_a_read_only_reader_never_writes_and_refresh_catches_up_with_the_writer(tmp_path):
+    """Rank 0 of a multi-process run writes the folder; the other ranks read it and refresh."""
+    embedder = HashingEmbedder(dim=64)
+    writer = FaissMemory(tmp_path, embedder)
+    first = writer.add("convert units before adding", task="t/1", reward=1.0)
+    reader = FaissMemory(tmp_path, embedder, read_only=True)
+    assert reader.ids() == [first]
+    with pytest.raises(ValueError, match="read-only.*rank 0"):
+        reader.add("a lesson from the wrong process")
+    with pytest.raises(ValueError, match="read-only"):
+        reader.delete([first])
+    used = writer.get(first).last_used
+    assert [h.entry.id for h in reader.search("units", k=1)] == [first]
+    assert writer.get(first).last_used == used  # the reader's search wrote nothing
+
+    second = writer.add("check the sign of the answer", task="t/2", reward=-1.0)
+    assert len(reader) == 1
+    assert reader.refresh() == 1
+    assert len(reader) == 2
+    assert reader.search("sign of the answer", k=1)[0].entry.id == second
+    writer.delete([first])
+    reader.refresh()
+    assert reader.ids() == [second] and len(reader) == 1
+    reader.close()
+    writer.close()
+    with pytest.raises(ValueError, match="folder"):
+        FaissMemory(None, embedder, read_only=True)
