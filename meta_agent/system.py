@@ -23,6 +23,7 @@ from tools.registry import ToolRegistry
 from training.backbone import ADAPTER_WEIGHTS, AdapterConfig, Backbone, ModelConfig
 from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
 from training.generation import VLLMSettings, make_backend
+from training.generation.vllm import check_top_p
 from training.types import GenerationBackend, SamplingParams
 
 ADAPTERS_HELP = (
@@ -83,6 +84,11 @@ class System:
         )
 
     def close(self) -> None:
+        """Release what the run holds: the memory's files, and the backend's engine (vllm: its processes
+        and temporary folders; hf holds nothing to release)."""
+        close_backend = getattr(self.backend, "close", None)
+        if close_backend is not None:
+            close_backend()
         if self.memory is not None:
             self.memory.close()
 
@@ -193,6 +199,9 @@ def build_system(
     writes the memory folder (see build_memory).
     """
     roles = role_specs(cfg)
+    if cfg.backend.name in ("vllm", "vllm-cpu"):  # before anything loads, as below
+        for role in roles:
+            check_top_p(role.sampling.temperature, role.sampling.top_p, f"roles.{role.name}.sampling.top_p")
     # Checked before anything loads, so a wrong adapters= fails in a second.
     saved = adapters_folder(cfg.adapters, [r.name for r in roles]) if cfg.adapters else None
     memory = build_memory(cfg, read_only=memory_read_only)

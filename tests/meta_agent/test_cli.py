@@ -119,6 +119,15 @@ def test_bad_input_is_one_clear_error(override, message, tmp_path, capsys):
     assert "error:" in out and message in out.replace("\n", "")
 
 
+def test_vllm_refuses_nucleus_sampling_before_anything_loads(tmp_path, capsys):
+    """backend.name=vllm with a role's top_p < 1 fails at start-up, naming the key and the way out."""
+    overrides = ["backend.name=vllm", "roles.executor.sampling.top_p=0.9", "model.path=/no/such/model"]
+    rc = main(["eval", *overrides, f"run_dir={tmp_path / 'run'}", "memory.enabled=false"])
+    out = capsys.readouterr().out.replace("\n", "")
+    assert rc == 2  # and before the (missing) model was looked for
+    assert "roles.executor.sampling.top_p=0.9" in out and "backend.name=hf" in out
+
+
 @pytest.mark.slow
 def test_real_backbone_eval_hierarchy(tmp_path):
     """The default hierarchy on the real SmolLM2 backbone, two generated tool problems."""

@@ -154,6 +154,29 @@ def test_eos_ends_a_request_and_stays_in_its_tokens(backbone, engine, tokenizer)
     assert result.token_ids == full.token_ids[: full.token_ids.index(eos) + 1]
 
 
+def test_seeded_batch_larger_than_one_engine_step(engine, tokenizer):
+    """Seeded prompts of more tokens than one engine step takes (4096 here): no prompt is split over two
+    steps (on a CPU that killed the engine), and every request samples what it samples alone."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=4)
+    prompts = [tuple(range(100 + i, 100 + i + 900)) for i in range(6)]  # distinct: no prefix shared
+    requests = [GenerationRequest(ROLES[i % 2], p, sampling, seed=i) for i, p in enumerate(prompts)]
+    together = engine.generate(requests)
+    for request, result in zip(requests[-2:], together[-2:], strict=True):
+        (alone,) = engine.generate([request])
+        assert alone.token_ids == result.token_ids
+
+
+def test_nucleus_sampling_is_refused(engine, tokenizer):
+    """top_p < 1: vLLM's logprobs would be renormalised inside the nucleus, not the trainer's quantity."""
+    prompt = ids(tokenizer, PROMPTS[0])
+    with pytest.raises(ValueError, match=r"top_p=0.9.*set top_p=1 or use backend.name=hf"):
+        engine.generate([GenerationRequest(ROLES[0], prompt, SamplingParams(temperature=0.7, top_p=0.9))])
+    # Greedy ignores top_p: nothing is sampled, so nothing is renormalised.
+    greedy = SamplingParams(temperature=0.0, top_p=0.9, max_new_tokens=4)
+    (result,) = engine.generate([GenerationRequest(ROLES[0], prompt, greedy)])
+    assert result.token_ids
+
+
 def test_no_stale_adapter_after_a_trainer_update(engine, backbone, tokenizer):
     """After a PolicyTrainer step the engine's logprobs are the updated trainer's, not the old adapter's."""
     role = ROLES[1]
@@ -175,6 +198,24 @@ def test_no_stale_adapter_after_a_trainer_update(engine, backbone, tokenizer):
     (after,) = engine.generate([request])
     expected = trainer_logprobs(backbone, role, request.prompt_ids, after.token_ids, 1.0)
     assert max_diff(after.logprobs, expected) < 1e-4
+
+
+def test_close_ends_the_engine_processes_and_removes_its_folders(backbone):
+    """What System.close() calls at the end of train, eval and solve: nothing of the engine is left."""
+    pytest.importorskip("vllm")
+    import psutil
+
+    def engine_processes() -> set:
+        return {p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")}
+
+    before = engine_processes()  # the module's engine
+    backend = make_backend("vllm", backbone, settings=SETTINGS)
+    started, workdir = engine_processes() - before, backend._workdir
+    assert started and workdir.is_dir()
+    backend.close()
+    _, alive = psutil.wait_procs(list(started), timeout=30)
+    assert not alive and not workdir.exists()
+    backend.close()  # a second close does nothing
 
 
 @pytest.mark.slow

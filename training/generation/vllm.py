@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,21 @@ def import_vllm():
             "(or set backend.name=hf)"
         ) from error
     return vllm
+
+
+def check_top_p(temperature: float, top_p: float, key: str = "top_p") -> None:
+    """Refuse nucleus sampling (top_p < 1 at temperature > 0), naming the config `key` to change.
+
+    With top_p < 1 vLLM reports each token's logprob renormalised inside the nucleus, log p - log(mass of
+    the nucleus), not log_softmax(logits / T) as HFBackend reports and the trainer recomputes: every
+    importance ratio would start off by the nucleus mass, and no logprobs mode of vLLM gives the other.
+    """
+    if temperature > 0 and top_p < 1:
+        raise ValueError(
+            f"{key}={top_p}: backend.name=vllm cannot sample with top_p < 1, because vLLM's logprobs are "
+            "then renormalised inside the nucleus while the trainer recomputes log_softmax(logits / T) over "
+            "the whole vocabulary, so the GRPO ratios would be wrong: set top_p=1 or use backend.name=hf"
+        )
 
 
 def lora_slot_rank(ranks: Sequence[int]) -> int:
@@ -117,8 +133,8 @@ class VLLMBackend:
     """GenerationBackend on a vLLM engine, with the semantics of HFBackend.
 
     Logprobs are log_softmax(logits / temperature) at the sampled token (raw logits when greedy): vLLM's
-    "processed_logprobs", which are taken after top-p too, so they equal the trainer's quantity when
-    top_p = 1 (every shipped config); with top_p < 1 they are the nucleus-renormalised logprobs.
+    "processed_logprobs", the trainer's quantity. vLLM takes them after top-p truncation, renormalised
+    inside the nucleus, so sampling with top_p < 1 is refused (see check_top_p).
     A stop string ends a request at the token that completes it; `text` is cut right after the stop string.
     The eos token is kept in token_ids. Unseeded requests draw a seed from torch's global RNG.
 
@@ -139,6 +155,8 @@ class VLLMBackend:
         self.settings = settings or VLLMSettings()
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_ids(backbone)
         self._workdir = Path(tempfile.mkdtemp(prefix="meta-agent-vllm-"))
+        # Removed at exit even when close() is never called (an exception in the run that built it).
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self._workdir, ignore_errors=True)
         self._next_lora_id = 1
         self._loras: dict[str, object] = {}  # adapter name -> LoRARequest now registered
         self._adapters_dir: Path | None = None
@@ -182,6 +200,11 @@ class VLLMBackend:
                 gpu_memory_utilization=self.settings.gpu_memory_utilization,
                 max_model_len=self.max_model_len,
                 max_num_seqs=self.settings.max_num_seqs,
+                # A prompt split over two steps has its first step's sample thrown away, and vLLM then
+                # rewinds the request's seeded generator, which a CPU generator cannot do: the engine dies
+                # ("CPU Generator does not use offset") once a batch's prompts outgrow one step's token
+                # budget. Unsplit, a prompt waits for the next step instead.
+                enable_chunked_prefill=not current_platform.is_cpu(),
             )
         finally:
             # The engine's processes started with their preloads (ours and the ones vLLM adds); the
@@ -263,6 +286,7 @@ class VLLMBackend:
         sampling = request.sampling
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
             raise ValueError(f"bad sampling params {sampling}: need temperature >= 0 and 0 < top_p <= 1")
+        check_top_p(sampling.temperature, sampling.top_p)
 
     def _sampling(self, request: GenerationRequest, seed: int):
         from vllm import SamplingParams
@@ -270,7 +294,7 @@ class VLLMBackend:
         sampling = request.sampling
         return SamplingParams(
             temperature=sampling.temperature,
-            top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+            top_p=1.0,  # check_top_p refuses anything else when sampling
             max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop) or None,
             # Exactly these ids end a request, as in HFBackend: vLLM's own eos (tokenizer and generation
@@ -308,7 +332,7 @@ class VLLMBackend:
         llm, self._llm = getattr(self, "_llm", None), None
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        self._cleanup()  # removes the temporary folders, once
 
     def __enter__(self) -> VLLMBackend:
         return self
