@@ -17,7 +17,8 @@ from training.generation.conformance import CHECKS, PROMPTS
 from training.trainer import PolicyTrainer, TrainerSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
-pytestmark = pytest.mark.vllm
+# Every engine takes 15-20 s to start on 2 cores: these run with the slow tests (CI runs both tiers).
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 SETTINGS = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32)
 
