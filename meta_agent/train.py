@@ -230,6 +230,16 @@ def train(cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None) -> dict[st
     if ranks.main:
         ranks.barrier()
     log = RunLog(run_dir, enabled=ranks.main)
+    try:
+        return _train(cfg, run_dir, ranks, system, log)
+    finally:
+        # Also when the run raises: the event files keep what was logged, the vLLM engine stops.
+        log.close()
+        system.close()
+
+
+def _train(cfg: DictConfig, run_dir: Path, ranks: Ranks, system: System, log: RunLog) -> dict[str, float]:
+    """SFT (if enabled) then GRPO, on a built system: what `train` runs between set-up and clean-up."""
     traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / "checkpoints"
     role_names = [r.name for r in system.roles]
@@ -329,8 +339,6 @@ def train(cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None) -> dict[st
     final["train/grpo_steps"] = float(state.step)
     final["train/generated_tokens"] = float(state.generated_tokens)
     log.config(OmegaConf.to_yaml(cfg), _flat_hparams(cfg), final)
-    log.close()
-    system.close()
     return final
 
 

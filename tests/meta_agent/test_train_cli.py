@@ -142,3 +142,31 @@ def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir,
     )
     for k in a:
         assert (a[k] == b[k]).all(), k
+
+
+def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+    """An error in a GRPO step reaches the caller, after the system is closed (a vLLM engine stops) and
+    the logs of the steps before it are flushed to their files."""
+    from meta_agent import train as train_module
+    from meta_agent.config import load_config
+    from meta_agent.system import System
+    from training.trainer import PolicyTrainer
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        [f"model.path={tiny_model_dir}", *TINY, "train.steps=2", f"run_dir={run_dir}", "memory.path=null"]
+    )
+    closed = []
+    close = System.close
+    monkeypatch.setattr(System, "close", lambda self: (closed.append(self), close(self))[1])
+
+    def fail(self, turns):
+        raise RuntimeError("a step that fails")
+
+    monkeypatch.setattr(PolicyTrainer, "grpo_step", fail)
+    with pytest.raises(RuntimeError, match="a step that fails"):
+        train_module.train(cfg, run_dir)
+    assert len(closed) == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and "eval/accuracy" in rows[0]
+    assert "eval/accuracy" in scalar_tags(run_dir)
