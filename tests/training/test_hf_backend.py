@@ -11,6 +11,8 @@ from tests.conftest import ROLES
 from training.generation import HFBackend, make_backend
 from training.types import GenerationRequest, SamplingParams
 
+from .sampling import surprise_z
+
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
 HOT = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=10)
 
@@ -138,6 +140,18 @@ def test_seeded_sampling_independent_of_batch(tiny_backbone, prompts):
         assert_same(backend.generate(batch)[position], alone, f"position {position}")
     other = backend.generate([GenerationRequest(ROLES[0], prompts[2], target.sampling, seed=43)])[0]
     assert other.token_ids != alone.token_ids
+
+
+@pytest.mark.slow
+def test_samples_follow_the_trainers_policy(tiny_backbone, tokenizer):
+    """HFBackend samples from log_softmax(logits / T) (tests/training/sampling.py): over 200 seeded
+    requests the mean surprise is within 4 standard errors of 0 at T and far from it at another T."""
+    sampling = SamplingParams(temperature=0.3, max_new_tokens=12)
+    prompt = ids(tokenizer, "Once upon a time, in a land far away, there lived a")
+    requests = [GenerationRequest((None, *ROLES)[i % 3], prompt, sampling, seed=i) for i in range(200)]
+    results = HFBackend(tiny_backbone, batch_size=64).generate(requests)
+    assert abs(surprise_z(tiny_backbone, requests, results, 0.3)) < 4
+    assert abs(surprise_z(tiny_backbone, requests, results, 0.5)) > 6
 
 
 def test_unseeded_sampling_follows_torch_seed(tiny_backbone, prompts):

@@ -17,6 +17,8 @@ from training.generation.conformance import CHECKS, PROMPTS
 from training.trainer import PolicyTrainer, TrainerSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
+from .sampling import surprise_z
+
 # Every engine takes 15-20 s to start on 2 cores: these run with the slow tests (CI runs both tiers).
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -138,6 +140,18 @@ def test_sampled_logprobs_are_the_trainers(engine, backbone, tokenizer, temperat
             backbone, request.adapter, request.prompt_ids, result.token_ids, temperature
         )
         assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+
+
+def test_samples_follow_the_trainers_policy(engine, backbone, tokenizer):
+    """The engine samples from log_softmax(logits / T), not just reports it: over 200 seeded requests the
+    mean surprise of the samples is within 4 standard errors of 0 under the trainer at T, and the same
+    statistic puts them far off the policy at another temperature (it can tell)."""
+    sampling = SamplingParams(temperature=0.3, max_new_tokens=12)
+    prompt = ids(tokenizer, PROMPTS[2])
+    requests = [GenerationRequest((None, *ROLES)[i % 3], prompt, sampling, seed=i) for i in range(200)]
+    results = engine.generate(requests)
+    assert abs(surprise_z(backbone, requests, results, 0.3)) < 4
+    assert abs(surprise_z(backbone, requests, results, 0.5)) > 6
 
 
 def test_eos_ends_a_request_and_stays_in_its_tokens(backbone, engine, tokenizer):
