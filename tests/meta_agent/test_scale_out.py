@@ -19,7 +19,7 @@ from meta_agent.config import load_config, role_specs
 from meta_agent.system import adapter_configs, model_config
 from tests.meta_agent.test_cli import run_cli, tiny_model_dir  # noqa: F401  (fixture)
 from tests.meta_agent.test_train_cli import TINY
-from training.backbone import Backbone
+from training.backbone import Backbone, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ("meta_thinker", "executor")
@@ -43,9 +43,13 @@ def launch(n: int, *args: str, cwd: Path, timeout: float = 900) -> subprocess.Co
 
 @pytest.fixture(scope="module")
 def start_adapters(tiny_model_dir, tmp_path_factory) -> Path:  # noqa: F811
+    return nonzero_adapters(tiny_model_dir, tmp_path_factory)
+
+
+def nonzero_adapters(model_dir: Path, tmp_path_factory) -> Path:
     """Nonzero adapters to start from: every reward of the random tiny model is the same (advantage 0),
     so the gradient of GRPO steps comes from the KL to the adapter-free backbone (grpo.beta)."""
-    cfg = load_config([f"model.path={tiny_model_dir}"])
+    cfg = load_config([f"model.path={model_dir}"])
     backbone = Backbone.load(model_config(cfg), adapter_configs(role_specs(cfg)))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -167,6 +171,34 @@ def test_two_processes_train_the_same_adapters_as_one_and_resume_exactly(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(adapters(resumed, 2), adapters(two, 2))
+
+
+@pytest.mark.vllm
+def test_vllm_backend_under_two_processes_trains_like_one(tokenizer, tmp_path, tmp_path_factory):
+    """backend.name=vllm under `accelerate launch`: each rank starts its own engine for its share of the
+    rollouts (seeded per request, so the same tokens as one process), and the adapters after SFT and two
+    GRPO steps are one process's."""
+    pytest.importorskip("vllm")
+    model_dir = tmp_path_factory.mktemp("tiny-model-32")
+    build_tiny_model(tokenizer, seed=0, head_dim=32).save_pretrained(model_dir)  # vLLM's CPU attention
+    tokenizer.save_pretrained(model_dir)
+    start = nonzero_adapters(model_dir, tmp_path_factory)
+    engine = ["backend.name=vllm", "backend.vllm.kv_cache_gib=0.25", "backend.vllm.max_model_len=1024"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = run_cli(*train_args(model_dir, start, one, tmp_path / "mem-one", *engine), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(
+        2, "-m", "meta_agent", *train_args(model_dir, start, two, tmp_path / "mem-two", *engine), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before = read_adapters(start)
+    for step in (1, 2):
+        after = adapters(one, step)
+        assert_same(after, adapters(two, step))
+        assert not any(torch.allclose(v, after[k], atol=1e-7) for k, v in before.items() if "lora_B" in k)
+        before = after
+    ranks = json.loads((two / "ranks.json").read_text())
+    assert ranks["adapter_checksums"][0] == ranks["adapter_checksums"][1]
 
 
 SCRIPT = textwrap.dedent(
