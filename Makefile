@@ -8,7 +8,7 @@ PYTHON ?= python3
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bench-setup vllm-setup run test test-fast test-slow test-vllm lint format bench bench-learning bench-gpu clean
+.PHONY: setup bench-setup vllm-setup run test test-fast test-slow test-vllm lint format bench bench-learning bench-vllm bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -76,6 +76,11 @@ bench: bench-setup
 # Does SFT then GRPO learn, and what does the hierarchy cost? About 26 minutes on 2 cores.
 bench-learning: setup
 	$(PY) -m bench.learning
+
+# vLLM against hf: rollout tokens/s on one GRPO batch (about 4 minutes), into bench/results/vllm.json.
+# Whether training from its rollouts learns as well: `$(PY) -m bench.vllm --learning --seeds 0,1` (~30 min a seed).
+bench-vllm: vllm-setup
+	$(PY) -m bench.vllm
 
 # On a machine with a CUDA GPU (random-initialised 0.5B backbone, bf16): writes bench/results/gpu.json.
 bench-gpu: setup
