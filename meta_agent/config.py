@@ -40,6 +40,7 @@ class VLLMSchema:
     cpu_threads: str = "all"  # CPU cores for the engine's threads: all | auto (vLLM's) | a list like 0-1
     max_model_len: int = 4096  # prompt + completion tokens of one request
     max_num_seqs: int = 256  # requests decoded together
+    tensor_parallel_size: int = 1  # the engine's model split over this many GPUs (CPU: core groups)
 
 
 @dataclass

@@ -215,6 +215,38 @@ def test_no_stale_adapter_after_a_trainer_update(engine, backbone, tokenizer):
     assert max_diff(after.logprobs, expected) < 1e-4
 
 
+def test_tensor_parallel_engine_serves_the_same_policy(backbone, tokenizer):
+    """backend.vllm.tensor_parallel_size=2 (on a CPU: two workers, one core each): the weights and each
+    role's adapter split over two workers give HF's greedy tokens and logprobs for every adapter, and the
+    trainer's logprobs for sampled tokens, also after an adapter sync."""
+    settings = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32, tensor_parallel_size=2)
+    with make_backend("vllm", backbone, settings=settings) as split:
+        greedy = [
+            GenerationRequest(
+                adapter, ids(tokenizer, prompt), SamplingParams(temperature=0.0, max_new_tokens=12)
+            )
+            for adapter in (None, *ROLES)
+            for prompt in PROMPTS[:2]
+        ]
+        for request, ours, theirs in zip(
+            greedy, split.generate(greedy), HFBackend(backbone).generate(greedy), strict=True
+        ):
+            assert ours.token_ids == theirs.token_ids, f"adapter {request.adapter}"
+            assert max_diff(ours.logprobs, theirs.logprobs) < 1e-4, f"adapter {request.adapter}"
+        with torch.no_grad():  # as after an optimizer step: the engine must sync, not serve the old one
+            for p in backbone.trainable_parameters(ROLES[1]):
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+        sampled = [
+            GenerationRequest(
+                role, ids(tokenizer, PROMPTS[2]), SamplingParams(temperature=0.7, max_new_tokens=16), seed=5
+            )
+            for role in ROLES
+        ]
+        for request, result in zip(sampled, split.generate(sampled), strict=True):
+            expected = trainer_logprobs(backbone, request.adapter, request.prompt_ids, result.token_ids, 0.7)
+            assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+
+
 def test_close_ends_the_engine_processes_and_removes_its_folders(backbone):
     """What System.close() calls at the end of train, eval and solve: nothing of the engine is left."""
     pytest.importorskip("vllm")

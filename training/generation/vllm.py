@@ -49,6 +49,13 @@ class VLLMSettings:
     cpu_threads: str = "all"
     max_model_len: int = 4096  # prompt + completion tokens of one request
     max_num_seqs: int = 256  # requests decoded together
+    # The engine's weights split over this many GPUs (a backbone that does not fit one card); on a CPU the
+    # engine's workers each take a group of cores.
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"backend.vllm.tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
 
 
 def import_vllm():
@@ -86,17 +93,25 @@ def lora_slot_rank(ranks: Sequence[int]) -> int:
     raise ValueError(f"LoRA rank {max(ranks)} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
 
 
-def cpu_thread_binding(setting: str) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for `setting`: "all" lists every core this process may run on."""
-    if setting == "all":
-        return ",".join(str(core) for core in sorted(os.sched_getaffinity(0)))
-    return setting
+def cpu_thread_binding(setting: str, workers: int = 1, cores: Sequence[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `setting`: "all" splits the cores this process may run on (`cores`)
+    into `workers` contiguous groups, one per tensor-parallel worker, written "0,1|2,3"."""
+    if setting != "all":
+        return setting
+    cores = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    if len(cores) < workers:
+        raise ValueError(
+            f"backend.vllm.tensor_parallel_size={workers} needs a CPU core per worker, and this process may "
+            f"use {len(cores)}: lower tensor_parallel_size"
+        )
+    groups = [cores[i * len(cores) // workers : (i + 1) * len(cores) // workers] for i in range(workers)]
+    return "|".join(",".join(str(core) for core in group) for group in groups)
 
 
 def engine_environment(settings: VLLMSettings) -> dict[str, str]:
     """Environment variables the engine's processes read at start-up (they inherit this process's)."""
     env = {
-        "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(settings.cpu_threads),
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(settings.cpu_threads, settings.tensor_parallel_size),
         # Otherwise vLLM keeps a core free for its own bookkeeping: on a 2-core machine, half of them.
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "" if settings.cpu_threads == "auto" else "0",
     }
@@ -200,6 +215,7 @@ class VLLMBackend:
                 gpu_memory_utilization=self.settings.gpu_memory_utilization,
                 max_model_len=self.max_model_len,
                 max_num_seqs=self.settings.max_num_seqs,
+                tensor_parallel_size=self.settings.tensor_parallel_size,
                 # A prompt split over two steps has its first step's sample thrown away, and vLLM then
                 # rewinds the request's seeded generator, which a CPU generator cannot do: the engine dies
                 # ("CPU Generator does not use offset") once a batch's prompts outgrow one step's token
