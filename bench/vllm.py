@@ -20,7 +20,10 @@ first, after one untimed warm-up round each, so background load falls on both al
 Learning (`--learning`): `meta_agent.train.train` of `arith_hierarchy` (as bench/learning.py runs it) with
 backend.name=hf and with backend.name=vllm, for each of `--seeds`: held-out accuracy untrained, after SFT
 and after GRPO, and wall seconds. Runs of other seeds already in the file are kept, so seeds can be added
-one at a time; the comparison is over the seeds both backends have run.
+one at a time; the comparison is over the seeds both backends have run, paired by seed (a seed fixes the
+SFT data, the task order and the held-out problems of both runs): the mean difference and its 95% interval.
+GRPO's outcome varies a lot from seed to seed here (4 steps from a low-entropy SFT policy, whose style
+can flip in one step), so a difference is only a difference outside that interval.
 
 Writes bench/results/vllm.json: `speedup_vs_hf` (median vLLM tokens/s over median hf tokens/s), per-backend
 rounds, engine start-up and adapter-sync seconds, `targets`, `meets`, settings and machine; `--learning`
@@ -66,10 +69,24 @@ def parse_seeds(text: str) -> list[int]:
     return [int(seed) for seed in text.split(",")]
 
 
+def parse_backends(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {unknown}: choose from {','.join(BACKENDS)}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--learning", action="store_true", help="train on each backend instead (~35 min a seed)")
     p.add_argument("--seeds", type=parse_seeds, default=[0], help="--learning: seeds, e.g. 0,1 (0)")
+    p.add_argument(
+        "--backends",
+        type=parse_backends,
+        default=list(BACKENDS),
+        help="--learning: which backends to train, e.g. vllm to add a run the other one has (hf,vllm)",
+    )
     p.add_argument("--tasks", type=int, default=4, help="problems, as a GRPO step's tasks_per_step (4)")
     p.add_argument("--group-size", type=int, default=4, help="episodes per problem (4): 32 requests in all")
     p.add_argument("--rounds", type=int, default=4, help="timed rounds of each backend (4)")
@@ -324,7 +341,7 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
     runs = {name: dict(old.get("runs", {}).get(name, {})) for name in BACKENDS}
     section: dict = {}
     for seed in args.seeds:
-        for name in BACKENDS:
+        for name in args.backends:
             overrides = [*args.overrides, f"seed={seed}", f"backend.name={name}"]
             final, seconds = run(EXPERIMENT, overrides, f"vllm-bench-{name}-seed{seed}")
             runs[name][str(seed)] = {
@@ -342,36 +359,57 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
     return section
 
 
+# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 paired seeds.
+T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+
+
+def paired_difference(hf: Sequence[float], vllm: Sequence[float]) -> dict[str, float]:
+    """vLLM minus hf accuracy over seeds run on both, paired by seed (each seed fixes the SFT data, the
+    task order and the held-out problems of both runs): the mean difference, its standard error and the
+    half-width of its 95% confidence interval (Student's t; k >= 2 seeds)."""
+    diffs = [v - h for h, v in zip(hf, vllm, strict=True)]
+    k = len(diffs)
+    if k < 2:
+        raise ValueError(f"a paired comparison needs at least 2 seeds, got {k}")
+    se = statistics.stdev(diffs) / k**0.5
+    return {"mean": statistics.mean(diffs), "se": se, "ci95": T_975.get(k, 1.96) * se}
+
+
 def compare(runs: dict[str, dict[str, dict]], overrides: Sequence[str]) -> dict:
-    """GRPO accuracy of each backend, averaged over the seeds both have run, and whether they differ by
-    more than the noise: the larger of the eval's sampling noise and the spread between seeds."""
+    """GRPO accuracy of each backend over the seeds both have run, and whether they differ by more than
+    the noise: the paired difference's 95% interval, or the eval's own sampling noise if that is wider."""
     eval_limit = load_config([f"experiment={EXPERIMENT}", *overrides]).train.eval_limit
     seeds = sorted(set(runs["hf"]) & set(runs["vllm"]), key=int)
     out: dict = {"runs": runs, "seeds_compared": [int(s) for s in seeds]}
     if seeds:
-        mean = {name: statistics.mean(runs[name][s]["grpo"] for s in seeds) for name in BACKENDS}
+        accuracy = {name: [runs[name][s]["grpo"] for s in seeds] for name in BACKENDS}
+        mean = {name: statistics.mean(values) for name, values in accuracy.items()}
         p = statistics.mean(mean.values())
         # Two means of k accuracies near p on n problems each differ by sqrt(2 p (1 - p) / (n k)) by
         # chance alone (one standard error); training noise (other samples, another run) comes on top.
         eval_noise = 2 * (2 * p * (1 - p) / (eval_limit * len(seeds))) ** 0.5
-        spread = {
-            name: max(runs[name][s]["grpo"] for s in seeds) - min(runs[name][s]["grpo"] for s in seeds)
-            for name in BACKENDS
-        }
-        noise = max(eval_noise, *spread.values())
         out |= {
             "grpo_mean": {name: round(v, 4) for name, v in mean.items()},
             "grpo_vllm_minus_hf": round(mean["vllm"] - mean["hf"], 4),
             "eval_noise_two_se": round(eval_noise, 4),
-            "seed_spread": {name: round(v, 4) for name, v in spread.items()},
-            "within_noise": abs(mean["vllm"] - mean["hf"]) <= noise,
+            "seed_spread": {name: round(max(v) - min(v), 4) for name, v in accuracy.items()},
+            "sft_mean": {
+                name: round(statistics.mean(runs[name][s]["sft"] for s in seeds), 4) for name in BACKENDS
+            },
         }
+        noise = eval_noise
+        if len(seeds) >= 2:
+            paired = paired_difference(accuracy["hf"], accuracy["vllm"])
+            out["paired_difference"] = {k: round(v, 4) for k, v in paired.items()}
+            noise = max(noise, paired["ci95"])
+        out["within_noise"] = abs(mean["vllm"] - mean["hf"]) <= noise
     out["settings"] = {
         "experiment": EXPERIMENT,
         "overrides": list(overrides),
         "runs": "meta_agent.train.train as bench/learning.py runs it, backend.name and seed set per run",
         "eval": f"held-out arith test split (drawn with the run's seed), greedy, {eval_limit} problems",
-        "noise": "within_noise: |grpo_vllm_minus_hf| <= max(eval_noise_two_se, either backend's seed_spread)",
+        "noise": "within_noise: |grpo_vllm_minus_hf| <= max(eval_noise_two_se, paired_difference.ci95): "
+        "the 95% interval of the seed-paired difference (Student's t), floored by the eval's noise",
     }
     return out
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.vllm import BACKENDS, build, rollout_requests
+from bench.vllm import BACKENDS, build, compare, paired_difference, parse_args, rollout_requests
 from meta_agent.runner import request_seed
 from tests.bench_run import run_bench
 from training.backbone import build_tiny_model
@@ -47,3 +47,39 @@ def test_speed_script_on_the_real_backbone(tmp_path):
         backend = result["backends"][name]
         assert backend["tokens"][0] > 0 and backend["median_tokens_per_s"] > 0
         assert set(backend["finish_reasons"]) == {"meta_thinker", "executor"}
+
+
+def test_paired_difference_by_hand():
+    # diffs -0.2, -0.1, 0.1: mean -1/15, sd sqrt(0.07/3), se sd / sqrt(3), t(0.975, 2 df) = 4.303
+    d = paired_difference([0.9, 0.8, 0.6], [0.7, 0.7, 0.7])
+    assert d["mean"] == pytest.approx(-0.0666667, abs=1e-6)
+    assert d["se"] == pytest.approx(0.0881917, abs=1e-6)
+    assert d["ci95"] == pytest.approx(4.303 * 0.0881917, abs=1e-6)
+    with pytest.raises(ValueError, match="at least 2 seeds"):
+        paired_difference([0.5], [0.5])
+
+
+def test_compare_calls_a_gap_noise_only_inside_the_paired_interval():
+    def runs(hf, vllm):
+        return {
+            name: {str(s): {"sft": 0.6, "grpo": acc} for s, acc in enumerate(values)}
+            for name, values in (("hf", hf), ("vllm", vllm))
+        }
+
+    noisy = compare(runs([0.9, 0.8, 0.6], [0.7, 0.7, 0.7]), [])
+    assert noisy["seeds_compared"] == [0, 1, 2]
+    assert noisy["grpo_vllm_minus_hf"] == pytest.approx(-0.0667, abs=1e-4)
+    assert noisy["within_noise"]
+    # A steady gap of 0.38-0.40 on every seed: far outside both the paired interval and the eval's noise
+    # (2 sqrt(2 p (1 - p) / (48 * 3)) = 0.108 at p = 0.703).
+    steady = compare(runs([0.9, 0.92, 0.88], [0.5, 0.52, 0.5]), [])
+    assert steady["eval_noise_two_se"] == pytest.approx(0.1077, abs=1e-4)
+    assert steady["paired_difference"]["ci95"] == pytest.approx(0.0287, abs=1e-4)
+    assert not steady["within_noise"]
+
+
+def test_learning_can_add_one_backends_run():
+    assert parse_args(["--learning", "--seeds", "3", "--backends", "vllm"]).backends == ["vllm"]
+    assert parse_args(["--learning"]).backends == list(BACKENDS)
+    with pytest.raises(SystemExit):
+        parse_args(["--learning", "--backends", "sglang"])

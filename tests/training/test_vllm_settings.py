@@ -27,6 +27,8 @@ def test_engine_environment_binds_each_worker_to_its_cores():
     env = engine_environment(VLLMSettings(cpu_threads="0,1|2,3", tensor_parallel_size=2))
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    # On a GPU the engine's workers take one card each: no core groups, so no error for few cores.
+    assert engine_environment(VLLMSettings(tensor_parallel_size=64), cpu=False) == {}
 
 
 def test_tensor_parallel_size_is_a_config_key():

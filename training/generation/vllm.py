@@ -108,8 +108,11 @@ def cpu_thread_binding(setting: str, workers: int = 1, cores: Sequence[int] | No
     return "|".join(",".join(str(core) for core in group) for group in groups)
 
 
-def engine_environment(settings: VLLMSettings) -> dict[str, str]:
-    """Environment variables the engine's processes read at start-up (they inherit this process's)."""
+def engine_environment(settings: VLLMSettings, cpu: bool = True) -> dict[str, str]:
+    """Environment variables the engine's processes read at start-up (they inherit this process's): the
+    CPU engine's thread binding and OpenMP runtime; none on a GPU."""
+    if not cpu:
+        return {}
     env = {
         "VLLM_CPU_OMP_THREADS_BIND": cpu_thread_binding(settings.cpu_threads, settings.tensor_parallel_size),
         # Otherwise vLLM keeps a core free for its own bookkeeping: on a 2-core machine, half of them.
@@ -196,7 +199,7 @@ class VLLMBackend:
         from vllm.platforms import current_platform
 
         preload = os.environ.get("LD_PRELOAD")
-        os.environ.update(engine_environment(self.settings))
+        os.environ.update(engine_environment(self.settings, cpu=current_platform.is_cpu()))
         ranks = [self.backbone.model.peft_config[name].r for name in self.adapters]
         kv_gib = self.settings.kv_cache_gib
         try:
