@@ -71,6 +71,32 @@ def max_diff(a, b) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+def assert_greedy_matches_hf(engine, backbone, tokenizer) -> None:
+    """HFBackend's greedy tokens, logprobs and text for every adapter, the bare backbone (None) included."""
+    requests = [
+        GenerationRequest(adapter, ids(tokenizer, prompt), SamplingParams(temperature=0.0, max_new_tokens=12))
+        for adapter in (None, *ROLES)
+        for prompt in PROMPTS[:2]
+    ]
+    for request, ours, theirs in zip(
+        requests, engine.generate(requests), HFBackend(backbone).generate(requests), strict=True
+    ):
+        assert ours.token_ids == theirs.token_ids, f"adapter {request.adapter}"
+        assert max_diff(ours.logprobs, theirs.logprobs) < 1e-4, f"adapter {request.adapter}"
+        assert ours.text == theirs.text
+
+
+def assert_sampled_logprobs_are_the_trainers(engine, backbone, tokenizer, temperature: float, roles) -> None:
+    """log_softmax(logits / T) of each sampled token, as training.batch recomputes it (fp32: 1e-4)."""
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=16)
+    requests = [GenerationRequest(role, ids(tokenizer, PROMPTS[2]), sampling, seed=7) for role in roles]
+    for request, result in zip(requests, engine.generate(requests), strict=True):
+        expected = trainer_logprobs(
+            backbone, request.adapter, request.prompt_ids, result.token_ids, temperature
+        )
+        assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+
+
 def test_lora_kernels_match_vllms_and_skip_requests_without_adapter():
     """Our CPU LoRA ops give vLLM's torch ops' results, and nothing (not the last slot) for index -1."""
     pytest.importorskip("vllm")
@@ -115,31 +141,13 @@ def test_vllm_backend_conformance(engine, tokenizer, check):
 
 def test_greedy_matches_hf_for_every_adapter(engine, backbone, tokenizer):
     """Same greedy tokens and logprobs as HFBackend, the bare backbone (adapter None) included."""
-    requests = [
-        GenerationRequest(adapter, ids(tokenizer, prompt), SamplingParams(temperature=0.0, max_new_tokens=12))
-        for adapter in (None, *ROLES)
-        for prompt in PROMPTS[:2]
-    ]
-    for request, ours, theirs in zip(
-        requests, engine.generate(requests), HFBackend(backbone).generate(requests), strict=True
-    ):
-        assert ours.token_ids == theirs.token_ids, f"adapter {request.adapter}"
-        assert max_diff(ours.logprobs, theirs.logprobs) < 1e-4, f"adapter {request.adapter}"
-        assert ours.text == theirs.text
+    assert_greedy_matches_hf(engine, backbone, tokenizer)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
 def test_sampled_logprobs_are_the_trainers(engine, backbone, tokenizer, temperature):
     """log_softmax(logits / T) of each sampled token, as training.batch recomputes it (fp32: 1e-4)."""
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=16)
-    requests = [
-        GenerationRequest(role, ids(tokenizer, PROMPTS[2]), sampling, seed=7) for role in (None, *ROLES)
-    ]
-    for request, result in zip(requests, engine.generate(requests), strict=True):
-        expected = trainer_logprobs(
-            backbone, request.adapter, request.prompt_ids, result.token_ids, temperature
-        )
-        assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+    assert_sampled_logprobs_are_the_trainers(engine, backbone, tokenizer, temperature, (None, *ROLES))
 
 
 def test_samples_follow_the_trainers_policy(engine, backbone, tokenizer):
@@ -221,30 +229,11 @@ def test_tensor_parallel_engine_serves_the_same_policy(backbone, tokenizer):
     trainer's logprobs for sampled tokens, also after an adapter sync."""
     settings = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32, tensor_parallel_size=2)
     with make_backend("vllm", backbone, settings=settings) as split:
-        greedy = [
-            GenerationRequest(
-                adapter, ids(tokenizer, prompt), SamplingParams(temperature=0.0, max_new_tokens=12)
-            )
-            for adapter in (None, *ROLES)
-            for prompt in PROMPTS[:2]
-        ]
-        for request, ours, theirs in zip(
-            greedy, split.generate(greedy), HFBackend(backbone).generate(greedy), strict=True
-        ):
-            assert ours.token_ids == theirs.token_ids, f"adapter {request.adapter}"
-            assert max_diff(ours.logprobs, theirs.logprobs) < 1e-4, f"adapter {request.adapter}"
+        assert_greedy_matches_hf(split, backbone, tokenizer)
         with torch.no_grad():  # as after an optimizer step: the engine must sync, not serve the old one
             for p in backbone.trainable_parameters(ROLES[1]):
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-        sampled = [
-            GenerationRequest(
-                role, ids(tokenizer, PROMPTS[2]), SamplingParams(temperature=0.7, max_new_tokens=16), seed=5
-            )
-            for role in ROLES
-        ]
-        for request, result in zip(sampled, split.generate(sampled), strict=True):
-            expected = trainer_logprobs(backbone, request.adapter, request.prompt_ids, result.token_ids, 0.7)
-            assert max_diff(result.logprobs, expected) < 1e-4, f"adapter {request.adapter}"
+        assert_sampled_logprobs_are_the_trainers(split, backbone, tokenizer, 0.7, ROLES)
 
 
 def test_close_ends_the_engine_processes_and_removes_its_folders(backbone):
