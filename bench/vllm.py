@@ -359,7 +359,7 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
     return section
 
 
-# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 paired seeds.
+# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 paired seeds (1.96 beyond).
 T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
 
 
