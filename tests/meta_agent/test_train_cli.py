@@ -109,6 +109,7 @@ def adapter_tensors(checkpoint):
     }
 
 
+@pytest.mark.slow  # three training runs: 24 s of the fast suite's 2 minutes (CI runs it)
 def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir, tmp_path):  # noqa: F811
     """SFT, then GRPO with a KL term (so every step moves the adapters), stopped after 2 of 3 steps."""
     common = [
