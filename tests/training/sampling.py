@@ -19,23 +19,28 @@ from training.batch import collate, completion_logits
 from training.types import GenerationRequest, GenerationResult, Turn
 
 
+def policy_logits(backbone: Backbone, adapter: str | None, prompt, completion) -> torch.Tensor:
+    """The trainer's logits predicting each completion token after `prompt`, [K, V], with role `adapter`
+    (None: the bare backbone)."""
+    n = len(completion)
+    turn = Turn(adapter or "none", "g", tuple(prompt), tuple(completion), (1,) * n, (0.0,) * n)
+    batch = collate([turn], backbone.tokenizer.pad_token_id)
+    backbone.model.eval()
+    with torch.no_grad():
+        if adapter is None:
+            with backbone.disabled_adapters():
+                return completion_logits(backbone.model, batch)[0]
+        backbone.activate(adapter)
+        return completion_logits(backbone.model, batch)[0]
+
+
 def sequence_surprise(
     backbone: Backbone, request: GenerationRequest, result: GenerationResult, temperature: float
 ) -> float:
     """Sum over the completion of log q(x_t) - E_q[log q] under the trainer's policy at `temperature`."""
-    n = len(result.token_ids)
-    turn = Turn(request.adapter or "none", "g", request.prompt_ids, result.token_ids, (1,) * n, (0.0,) * n)
-    batch = collate([turn], backbone.tokenizer.pad_token_id)
-    backbone.model.eval()
-    with torch.no_grad():
-        if request.adapter is None:
-            with backbone.disabled_adapters():
-                logits = completion_logits(backbone.model, batch)[0]
-        else:
-            backbone.activate(request.adapter)
-            logits = completion_logits(backbone.model, batch)[0]
+    logits = policy_logits(backbone, request.adapter, request.prompt_ids, result.token_ids)
     logq = torch.log_softmax(logits.float() / temperature, dim=-1)  # [K, V]
-    picked = logq.gather(-1, batch.targets[0].unsqueeze(-1)).squeeze(-1)
+    picked = logq.gather(-1, torch.tensor(result.token_ids).unsqueeze(-1)).squeeze(-1)
     expected = (logq.exp() * logq).sum(-1)
     return float((picked - expected).sum())
 

@@ -11,13 +11,13 @@ import torch
 
 from tests.conftest import ROLES
 from training.backbone import AdapterConfig, Backbone, ModelConfig, build_tiny_backbone
-from training.batch import collate, completion_logprobs
 from training.generation import HFBackend, VLLMSettings, make_backend
 from training.generation.conformance import CHECKS, PROMPTS
+from training.grpo import token_logprobs
 from training.trainer import PolicyTrainer, TrainerSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
-from .sampling import surprise_z
+from .sampling import policy_logits, surprise_z
 
 # Every engine takes 15-20 s to start on 2 cores: these run with the slow tests (CI runs both tiers).
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -49,22 +49,8 @@ def trainer_logprobs(
     backbone: Backbone, role: str | None, prompt, completion, temperature: float
 ) -> list[float]:
     """What the trainer computes for `completion` after `prompt`: log_softmax(logits / T) per token."""
-    turn = Turn(
-        role or ROLES[0],
-        "g",
-        tuple(prompt),
-        tuple(completion),
-        (1,) * len(completion),
-        (0.0,) * len(completion),
-    )
-    batch = collate([turn], backbone.tokenizer.pad_token_id)
-    backbone.model.eval()
-    with torch.no_grad():
-        if role is None:
-            with backbone.disabled_adapters():
-                return completion_logprobs(backbone.model, batch, temperature)[0].tolist()
-        backbone.activate(role)
-        return completion_logprobs(backbone.model, batch, temperature)[0].tolist()
+    logits = policy_logits(backbone, role, prompt, completion)
+    return token_logprobs(logits[None], torch.tensor([list(completion)]), temperature)[0].tolist()
 
 
 def max_diff(a, b) -> float:
