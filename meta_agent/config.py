@@ -31,6 +31,8 @@ class ModelSchema:
     cache_dir: str | None = None  # where the converted backbone is cached; null = ~/.cache/meta-agent
     dtype: str = "auto"
     device: str = "cpu"
+    fsdp: bool = False  # base weights sharded over the processes (FSDP2); LoRA adapters whole on each
+    fsdp_offload: bool = False  # fsdp on GPUs: shards kept in CPU memory, one layer at a time on the card
 
 
 @dataclass

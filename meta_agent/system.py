@@ -22,6 +22,7 @@ from tools import default_registry
 from tools.registry import ToolRegistry
 from training.backbone import ADAPTER_WEIGHTS, AdapterConfig, Backbone, ModelConfig
 from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
+from training.distributed import Ranks
 from training.generation import VLLMSettings, make_backend
 from training.generation.vllm import check_top_p
 from training.types import GenerationBackend, SamplingParams
@@ -91,6 +92,8 @@ class System:
             close_backend()
         if self.memory is not None:
             self.memory.close()
+        if self.backbone is not None:  # a sharded backbone's one-process group (training.sharding)
+            self.backbone.close()
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:
@@ -100,6 +103,8 @@ def model_config(cfg: DictConfig) -> ModelConfig:
         dtype=cfg.model.dtype,
         device=cfg.model.device,
         seed=cfg.seed,
+        fsdp=cfg.model.fsdp,
+        fsdp_offload=cfg.model.fsdp_offload,
     )
 
 
@@ -191,12 +196,17 @@ def load_saved_adapters(backbone: Backbone, folder: Path) -> None:
 
 
 def build_system(
-    cfg: DictConfig, backbone: Backbone | None = None, *, memory_read_only: bool = False
+    cfg: DictConfig,
+    backbone: Backbone | None = None,
+    *,
+    memory_read_only: bool = False,
+    ranks: Ranks | None = None,
 ) -> System:
     """Everything a run needs, the role adapters of `adapters=` loaded if set.
 
     Pass `backbone` to reuse one already loaded (tests, notebooks). `memory_read_only`: another process
-    writes the memory folder (see build_memory).
+    writes the memory folder (see build_memory). `ranks`: the processes a sharded backbone
+    (model.fsdp) is split over; default this one.
     """
     roles = role_specs(cfg)
     if cfg.backend.name in ("vllm", "vllm-cpu"):  # before anything loads, as below
@@ -215,7 +225,7 @@ def build_system(
             known = ", ".join(registry.names())
             raise ValueError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}")
     if backbone is None:
-        backbone = Backbone.load(model_config(cfg), adapter_configs(roles))
+        backbone = Backbone.load(model_config(cfg), adapter_configs(roles), ranks)
     if saved is not None:
         load_saved_adapters(backbone, saved)
     backend = make_backend(cfg.backend.name, backbone, **backend_settings(cfg))

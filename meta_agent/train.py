@@ -138,6 +138,7 @@ def held_out(
     ranks = ranks or Ranks()
     mine = {name: ranks.shard(task_list) for name, task_list in tasks.items()}
     scores = system.evaluate(mine, cfg, write_lessons=False, final_reflection=False)
+    system.backbone.lockstep.drain()  # a sharded backbone: until every rank's episodes are done
     correct, total = ranks.sum(
         [sum(s.correct for s in scores.values()), sum(s.total for s in scores.values())]
     )
@@ -226,7 +227,7 @@ def train(cfg: DictConfig, run_dir: Path, ranks: Ranks | None = None) -> dict[st
     # Rank 0 first: it converts the backbone's cache and creates the memory folder the others open.
     if not ranks.main:
         ranks.barrier()
-    system = build_system(cfg, memory_read_only=not ranks.main)
+    system = build_system(cfg, memory_read_only=not ranks.main, ranks=ranks)
     if ranks.main:
         ranks.barrier()
     log = RunLog(run_dir, enabled=ranks.main)
@@ -295,6 +296,7 @@ def _train(cfg: DictConfig, run_dir: Path, ranks: Ranks, system: System, log: Ru
             ]
             seed = cfg.seed * 1_000_003 + state.step
             play(episodes, system.backend, sampling, seed=seed, first_index=first_task * cfg.train.group_size)
+            empty_passes = system.backbone.lockstep.drain()
             lessons = system.factory.lessons(episodes)
             commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
             turns = [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
@@ -307,6 +309,8 @@ def _train(cfg: DictConfig, run_dir: Path, ranks: Ranks, system: System, log: Ru
             tokens = sum(t.generated_tokens for ep in episodes for t in ep.turns)
             state.generated_tokens += int(ranks.sum([tokens])[0])  # the budget is global: same on every rank
             metrics = {**result.metrics, **rollout_metrics(episodes, role_names, meta_name)}
+            if system.backbone.sharded:  # forward passes this rank ran for the others' rollouts
+                metrics["rollout/empty_passes"] = float(empty_passes)
             metrics.update(
                 {"time/step_s": elapsed, "time/rollout_s": rollout_s, "time/tokens_per_s": tokens / elapsed}
             )

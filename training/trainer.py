@@ -138,11 +138,12 @@ class PolicyTrainer:
         by_role: dict[str, list[int]] = defaultdict(list)
         for i in keep:
             by_role[turns[i].role].append(i)
-        totals = self._global_sizes({role: [turns[i] for i in idx] for role, idx in by_role.items()})
-        for role, idx in by_role.items():
-            role_turns = [turns[i] for i in idx]
-            role_adv = {id(turns[i]): advantages[i] for i in idx}
-            metrics.update(self._grpo_role(role, role_turns, role_adv, *totals[role]))
+        role_turns = {role: [turns[i] for i in idx] for role, idx in by_role.items()}
+        totals = self._global_sizes(role_turns)
+        adv = {id(turns[i]): advantages[i] for i in keep}
+        for role, chunks in self._role_chunks(role_turns, whole_episodes=g.ratio_level == "sequence"):
+            metrics.update(self._grpo_role(role, chunks, adv, *totals[role]))
+            self._count_empty(metrics, chunks)
         kept = set(keep)
         for role in self.backbone.adapters:
             idx = [i for i, t in enumerate(turns) if t.role == role]
@@ -166,18 +167,56 @@ class PolicyTrainer:
         self._stepped_roles = {role for role, (rows, _) in sizes.items() if rows > 0}
         return sizes
 
+    def _role_chunks(
+        self, by_role: Mapping[str, Sequence[Turn]], whole_episodes: bool = False
+    ) -> list[tuple[str, list[list[Turn] | None]]]:
+        """The micro-batches of each role some rank trains this step (after _global_sizes), in adapter
+        order. On a sharded backbone under several ranks every rank gets as many per role as the rank
+        with the most: None pads with an empty pass (a forward pass is a collective there)."""
+        roles = [r for r in self.backbone.adapters if r in self._stepped_roles]
+        size = self.settings.micro_batch_size
+        chunks: dict[str, list] = {
+            r: micro_batches(by_role.get(r, ()), size, whole_episodes=whole_episodes) for r in roles
+        }
+        if self.backbone.sharded and self.ranks.size > 1:
+            most = self.ranks.max([len(chunks[r]) for r in roles])
+            chunks = {
+                r: chunks[r] + [None] * (int(n) - len(chunks[r])) for r, n in zip(roles, most, strict=True)
+            }
+        return [(r, chunks[r]) for r in roles if chunks[r]]
+
+    def _count_empty(self, metrics: dict[str, float], chunks: Sequence[list[Turn] | None]) -> None:
+        """A sharded backbone's padding micro-batches (train/empty_passes, summed over ranks)."""
+        if self.backbone.sharded:
+            metrics["train/empty_passes"] = metrics.get("train/empty_passes", 0.0) + chunks.count(None)
+
+    def _empty_pass(self, role: str, temperature: float, reference: bool) -> None:
+        """The passes of a micro-batch (forward, `reference` forward, backward) adding nothing to any
+        gradient."""
+        turn = Turn(role, "", (self.pad_id,), (self.pad_id,), (0,), (0.0,))
+        batch = collate([turn], self.pad_id, self.accelerator.device)
+        logits = completion_logits(self.model, batch)
+        if reference:
+            self._reference_logprobs(batch, temperature)
+        self.accelerator.backward(logits.float().sum() * 0.0)
+
     def _grpo_role(
-        self, role: str, turns: list[Turn], adv: dict[int, float], total_rows: int, total_tokens: int
+        self,
+        role: str,
+        chunks: list[list[Turn] | None],
+        adv: dict[int, float],
+        total_rows: int,
+        total_tokens: int,
     ) -> dict[str, float]:
         g = self.settings.grpo
         temperature = self.settings.temperature.get(role, 1.0)
         self.backbone.activate(role)
         self.model.train()
-        chunks = micro_batches(
-            turns, self.settings.micro_batch_size, whole_episodes=g.ratio_level == "sequence"
-        )
         sums: dict[str, float] = defaultdict(float)
         for chunk in chunks:
+            if chunk is None:
+                self._empty_pass(role, temperature, reference=g.beta > 0)
+                continue
             batch = collate(chunk, self.pad_id, self.accelerator.device)
             advantages = torch.tensor([adv[id(t)] for t in chunk], device=batch.targets.device)
             logits = completion_logits(self.model, batch)  # [B, K, V]
@@ -210,6 +249,8 @@ class PolicyTrainer:
                 sums[name] += stats[name] * tokens
             sums["loss"] += float(loss.detach()) * weight
             sums["tokens"] += tokens
+        if all(chunk is None for chunk in chunks):
+            return {}  # only empty passes: this rank has no turns of the role to report on
         n = max(sums["tokens"], 1.0)
         return {
             f"role/{role}/loss": sums["loss"],
@@ -240,20 +281,25 @@ class PolicyTrainer:
         for t in turns:
             by_role[t.role].append(t)
         totals = self._global_sizes(by_role)
-        for role, role_turns in by_role.items():
+        for role, chunks in self._role_chunks(by_role):
+            self._count_empty(metrics, chunks)
             self.backbone.activate(role)
             self.model.train()
             total_tokens = totals[role][1]
             nll = 0.0
-            for chunk in micro_batches(role_turns, self.settings.micro_batch_size):
+            for chunk in chunks:
+                if chunk is None:
+                    self._empty_pass(role, 1.0, reference=False)
+                    continue
                 batch = collate(chunk, self.pad_id, self.accelerator.device)
                 logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
                 loss = sft_loss(logprobs, batch.loss_mask)
                 weight = float(batch.loss_mask.sum()) / max(total_tokens, 1)
                 self.accelerator.backward(loss * weight)
                 nll += float(loss.detach()) * weight
-            metrics[f"role/{role}/sft_nll"] = nll
-            metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in role_turns))
+            if by_role.get(role):
+                metrics[f"role/{role}/sft_nll"] = nll
+                metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in by_role[role]))
         metrics.update(self._optimizer_step())
         return StepResult(metrics, [0.0] * len(turns))
 

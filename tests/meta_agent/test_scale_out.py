@@ -173,6 +173,44 @@ def test_two_processes_train_the_same_adapters_as_one_and_resume_exactly(
     assert_same(adapters(resumed, 2), adapters(two, 2))
 
 
+def test_sharded_backbone_under_two_processes_trains_like_one_whole_process(
+    tiny_model_dir,  # noqa: F811
+    start_adapters,
+    tmp_path,
+):
+    """model.fsdp=true: each rank holds half of every base weight. The ranks get uneven shares (3 tasks
+    a step, one turn per micro-batch), so one rank serves the other's generation passes and pads its
+    micro-batches; the adapters are still one process's, and a resume continues exactly."""
+    uneven = ["train.tasks_per_step=3", "sft.batch_size=3", "train.micro_batch_size=1"]
+    args = lambda run, memory, *extra: train_args(  # noqa: E731
+        tiny_model_dir, start_adapters, run, memory, *uneven, *extra
+    )
+    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
+    proc = run_cli(*args(one, tmp_path / "mem-one"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = launch(2, "-m", "meta_agent", *args(two, tmp_path / "mem-two", "model.fsdp=true"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same(
+        read_adapters(two / "checkpoints" / "sft-best"), read_adapters(one / "checkpoints" / "sft-best")
+    )
+    for step in (1, 2):
+        assert_same(adapters(two, step), adapters(one, step))
+    ranks = json.loads((two / "ranks.json").read_text())
+    assert ranks["adapter_checksums"][0] == ranks["adapter_checksums"][1]
+    rows = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r.get("train/empty_passes", 0) + r.get("sft/train/empty_passes", 0) for r in rows) > 0
+
+    proc = launch(
+        2,
+        "-m",
+        "meta_agent",
+        *args(resumed, tmp_path / "mem-two", "model.fsdp=true", f"resume={two}/checkpoints/step-000001"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same(adapters(resumed, 2), adapters(two, 2))
+
+
 @pytest.mark.vllm
 def test_vllm_backend_under_two_processes_trains_like_one(tokenizer, tmp_path, tmp_path_factory):
     """backend.name=vllm under `accelerate launch`: each rank starts its own engine for its share of the

@@ -99,7 +99,9 @@ class HFBackend:
         was_training = model.training
         model.eval()
         try:
-            with torch.inference_mode(), RowAdapters(model) as self._rows:
+            # FSDP's all-gather buffers outlive a pass: made inside inference mode, training could not use them.
+            no_grad = torch.no_grad() if self.backbone.sharded else torch.inference_mode()
+            with no_grad, RowAdapters(model) as self._rows:
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
                     rows = [_Row(requests[i], generators[i]) for i in chunk]
@@ -116,6 +118,7 @@ class HFBackend:
         if self._rows is None:
             raise RuntimeError("HFBackend forward passes run inside generate(), which sets the row adapters")
         self._rows.set(adapters)
+        self.backbone.lockstep.before_forward()  # sharded backbone: the other ranks join this pass
         return self.backbone.model(**inputs)
 
     def _validate(self, request: GenerationRequest) -> None:

@@ -1,0 +1,116 @@
+"""A backbone too big for one card: its frozen base weights sharded over the processes with FSDP2.
+
+    shard_backbone(backbone, ranks, offload=False)   # after Backbone.from_model, before any optimizer
+    ...every rank generates at its own pace...
+    backbone.lockstep.drain()                         # end of a phase: wait for the other ranks' passes
+
+torch's `fully_shard` (FSDP2) is applied to every decoder layer and to the whole model; each rank keeps
+1/N of every base weight and all-gathers a layer's weights just before it runs. The LoRA adapters are
+left out of the shards (`ignored_params`): a few MB, whole on every rank, so their gradients, the
+optimizer, checkpoints, the vLLM sync and the per-row adapters of generation see plain tensors, and
+the gradients are summed over ranks as without sharding (training.distributed). With `offload` the
+shards live in CPU memory and each layer is copied to the GPU for its pass: a backbone bigger than the
+card on one process.
+
+A sharded forward pass is a collective: every rank must run the same number of them, in the same
+order, or the all-gathers deadlock. Training pads each role's micro-batches to the most any rank has
+(PolicyTrainer). Generation cannot know its passes ahead, so each pass is announced (`Lockstep`): a
+rank whose episodes are done serves empty passes until every rank is done (HF's `synced_gpus`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+from training.distributed import Ranks
+
+
+class Lockstep:
+    """Every rank runs the same number of forward passes of the sharded model.
+
+    Before each generation pass a busy rank calls `before_forward()`; a rank that has finished its
+    phase calls `drain()`, which runs an empty pass for each pass announced elsewhere and returns once
+    every rank is draining. Every rank must call `drain()` at the end of the same phases. One process:
+    both are no-ops.
+    """
+
+    def __init__(self, ranks: Ranks, empty_pass):
+        self.ranks = ranks
+        self.empty_pass = empty_pass  # one forward pass of the model on a token, no grad
+
+    def before_forward(self) -> None:
+        if self.ranks.size > 1:
+            self.ranks.sum([1.0])
+
+    def drain(self) -> int:
+        """Serve the other ranks' passes until every rank is done; returns the empty passes run."""
+        served = 0
+        while self.ranks.size > 1 and self.ranks.sum([0.0])[0] > 0:
+            self.empty_pass()
+            served += 1
+        return served
+
+
+def ensure_process_group(device: str) -> bool:
+    """FSDP needs a process group even on one process: start a one-rank group if none is running.
+    Returns whether one was started here."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def shard_backbone(backbone, ranks: Ranks, *, offload: bool = False) -> None:
+    """Shard `backbone`'s base weights over the ranks' devices (see the module doc). The model may sit
+    on the CPU: each layer's shard moves to the rank's device as it is sharded, the adapters after."""
+    device = torch.device(ranks.device)
+    if offload and device.type != "cuda":
+        raise ValueError(
+            "model.fsdp_offload=true keeps the shards in CPU memory for a GPU to fetch: it needs "
+            "model.device=cuda (on a CPU the shards already live in CPU memory: drop fsdp_offload)"
+        )
+    started = ensure_process_group(str(device))
+    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (ranks.size,))
+    model = backbone.model.get_base_model()  # the transformers model inside PEFT's wrapper
+    adapters = {p for role in backbone.adapters for p in backbone.trainable_parameters(role)}
+    with torch.no_grad():
+        for p in adapters:
+            p.data = p.data.to(device)
+    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
+    units = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in units]
+    if not layers:
+        raise ValueError(
+            f"{type(model).__name__} names no decoder layer class (_no_split_modules): model.fsdp "
+            "shards transformers models that do"
+        )
+    # Reshard after every forward, the root included: each pass then all-gathers the same units, so
+    # the collectives of any two passes match whatever ran before them.
+    kwargs = {
+        "mesh": mesh,
+        "reshard_after_forward": True,
+        "offload_policy": policy,
+        "ignored_params": adapters,
+    }
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    for buffer_owner in model.modules():  # rotary frequencies and the like: not parameters, not sharded
+        for name, buf in list(buffer_owner.named_buffers(recurse=False)):
+            buffer_owner.register_buffer(
+                name, buf.to(device), persistent=name not in buffer_owner._non_persistent_buffers_set
+            )
+    backbone.device = device
+    backbone.sharded = True
+    backbone.owns_process_group = started
+    pad = backbone.tokenizer.pad_token_id
+    pad = backbone.tokenizer.eos_token_id if pad is None else pad
+
+    def empty_pass() -> None:
+        with torch.no_grad():
+            backbone.model(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
+
+    backbone.lockstep = Lockstep(ranks, empty_pass)
