@@ -72,14 +72,7 @@ def shard_backbone(backbone, ranks: Ranks, *, offload: bool = False) -> None:
             "model.fsdp_offload=true keeps the shards in CPU memory for a GPU to fetch: it needs "
             "model.device=cuda (on a CPU the shards already live in CPU memory: drop fsdp_offload)"
         )
-    started = ensure_process_group(str(device))
-    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (ranks.size,))
     model = backbone.model.get_base_model()  # the transformers model inside PEFT's wrapper
-    adapters = {p for role in backbone.adapters for p in backbone.trainable_parameters(role)}
-    with torch.no_grad():
-        for p in adapters:
-            p.data = p.data.to(device)
-    policy = CPUOffloadPolicy() if offload else OffloadPolicy()
     units = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in units]
     if not layers:
@@ -87,22 +80,23 @@ def shard_backbone(backbone, ranks: Ranks, *, offload: bool = False) -> None:
             f"{type(model).__name__} names no decoder layer class (_no_split_modules): model.fsdp "
             "shards transformers models that do"
         )
+    started = ensure_process_group(str(device))
+    mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (ranks.size,))
+    adapters = {p for role in backbone.adapters for p in backbone.trainable_parameters(role)}
+    with torch.no_grad():  # FSDP moves what it manages (shards, buffers) to the device, not these
+        for p in adapters:
+            p.data = p.data.to(device)
     # Reshard after every forward, the root included: each pass then all-gathers the same units, so
     # the collectives of any two passes match whatever ran before them.
     kwargs = {
         "mesh": mesh,
         "reshard_after_forward": True,
-        "offload_policy": policy,
+        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
         "ignored_params": adapters,
     }
     for layer in layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
-    for buffer_owner in model.modules():  # rotary frequencies and the like: not parameters, not sharded
-        for name, buf in list(buffer_owner.named_buffers(recurse=False)):
-            buffer_owner.register_buffer(
-                name, buf.to(device), persistent=name not in buffer_owner._non_persistent_buffers_set
-            )
     backbone.device = device
     backbone.sharded = True
     backbone.owns_process_group = started

@@ -237,6 +237,18 @@ def test_vllm_backend_under_two_processes_trains_like_one(tokenizer, tmp_path, t
         before = after
     ranks = json.loads((two / "ranks.json").read_text())
     assert ranks["adapter_checksums"][0] == ranks["adapter_checksums"][1]
+    # The engine beside a sharded trainer (model.fsdp): rollouts never touch the shards.
+    sharded = tmp_path / "sharded"
+    extra = [*engine, "model.fsdp=true"]
+    proc = launch(
+        2,
+        "-m",
+        "meta_agent",
+        *train_args(model_dir, start, sharded, tmp_path / "mem-3", *extra),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same(adapters(sharded, 2), adapters(one, 2))
 
 
 SCRIPT = textwrap.dedent(
