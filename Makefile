@@ -8,7 +8,7 @@ PYTHON ?= python3
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bench-setup vllm-setup run test test-fast test-slow test-vllm lint format bench bench-learning bench-vllm bench-gpu clean
+.PHONY: setup bench-setup vllm-setup device-prep run test test-fast test-slow test-vllm lint format bench bench-learning bench-vllm bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -67,6 +67,13 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 # The vLLM backend's tests: the tiny model and the real backbone (about 1 minute on 2 cores, two engines).
 test-vllm: vllm-setup
 	$(PY) -m pytest -m vllm $(PYTEST_ARGS)
+
+# What a GPU session carries to the device machine for bench/device_check.sh: pytest's wheels and the
+# converted tokenizer (the device image has torch, transformers, peft and accelerate; no network).
+device-prep: setup
+	rm -rf .whl .cache/device
+	$(PY) -m pip download --quiet --only-binary=:all: --dest .whl pytest
+	META_AGENT_CACHE=.cache/device $(PY) -c "from training.backbone import ModelConfig, load_tokenizer; load_tokenizer(ModelConfig())"
 
 # Measurements, not tests: each writes bench/results/<name>.json. The CPU set: about 25 minutes on 2 cores.
 BENCH_CPU ?= sandbox faiss_memory rollout memory_peak trl_grpo

@@ -3,6 +3,7 @@
     python -m bench.gpu                                  # ~0.5B random Llama, bf16, one CUDA card
     python -m bench.gpu --rows 64 --peak-tflops 312      # fewer rows; a card missing from the table
     python -m bench.gpu --tiny --device cpu --out /tmp/gpu_smoke.json   # smoke test, seconds on a CPU
+    python -m bench.gpu --fsdp-offload --out bench/results/gpu_fsdp_offload.json   # base weights in CPU memory
 
 The backbone is a random-initialised Llama-architecture model built from a config (nothing is
 downloaded), wrapped by `Backbone.from_model` with one LoRA adapter per role. The rollout is one
@@ -31,8 +32,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from training.backbone import AdapterConfig, Backbone
+from training.distributed import Ranks
 from training.generation import HFBackend
 from training.grpo import GRPOSettings
+from training.sharding import shard_backbone
 from training.trainer import PolicyTrainer, TrainerSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
@@ -125,6 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, TFLOP/s")
     for name in ("vocab", "hidden", "intermediate", "layers", "heads", "kv-heads"):
         p.add_argument(f"--{name}", type=int, default=None, help="override the model shape")
+    p.add_argument("--fsdp", action="store_true", help="the base weights as FSDP shards (model.fsdp)")
+    p.add_argument(
+        "--fsdp-offload",
+        action="store_true",
+        help="the shards in CPU memory (model.fsdp_offload; implies --fsdp)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     small = args.tiny
@@ -132,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt_len = args.prompt_len or (32 if small else 256)
     args.new_tokens = args.new_tokens or (16 if small else 256)
     args.gen_batch_size = args.gen_batch_size or args.rows
+    args.fsdp = args.fsdp or args.fsdp_offload
     return args
 
 
@@ -149,15 +159,19 @@ def shape_from(args: argparse.Namespace) -> Shape:
 
 
 def build_backbone(shape: Shape, args: argparse.Namespace, device: torch.device) -> Backbone:
-    """Random weights made directly on the device, then the product's adapter wrapping."""
+    """Random weights made directly on the device (in CPU memory for --fsdp-offload), then the
+    product's adapter wrapping and, with --fsdp, its sharding."""
     dtype = getattr(torch, args.dtype)
     adapter = AdapterConfig(r=args.lora_r, alpha=2 * args.lora_r, top_layers=args.top_layers)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed)
-        with device:
+        with torch.device("cpu") if args.fsdp_offload else device:
             model = AutoModelForCausalLM.from_config(shape.llama_config(), dtype=dtype)
         model.eval()
-        return Backbone.from_model(model, IdsOnlyTokenizer(), dict.fromkeys(ROLES, adapter))
+        backbone = Backbone.from_model(model, IdsOnlyTokenizer(), dict.fromkeys(ROLES, adapter))
+    if args.fsdp:
+        shard_backbone(backbone, Ranks(device=str(device)), offload=args.fsdp_offload)
+    return backbone
 
 
 def parameter_counts(backbone: Backbone) -> dict[str, int]:
@@ -365,6 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
         "accelerator": device_info(device),
         "machine": machine_info(torch=torch.__version__, transformers=transformers.__version__),
     }
+    backbone.close()
     result = write_result(result, args.out)
     print(json.dumps(result, indent=2))
     return result

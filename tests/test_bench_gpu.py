@@ -27,6 +27,19 @@ def test_tiny_run_writes_rollout_speed_and_mfu(tmp_path):
     assert result["parameters"]["base_total"] > 1_000_000
 
 
+def test_tiny_run_with_a_sharded_backbone(tmp_path):
+    """--fsdp: the same measurement through FSDP shards (here a one-rank group on the CPU)."""
+    out = tmp_path / "gpu.json"
+    run = bench(
+        *("--tiny", "--device", "cpu", "--out", str(out), "--rows", "4", "--prompt-len", "8"),
+        *("--new-tokens", "4", "--train-steps", "1", "--peak-tflops", "1", "--fsdp"),
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["settings"]["fsdp"] and result["rollout_generated_tokens"] == 4 * 4
+    assert result["train_mfu"] > 0 and result["parameters"]["base_total"] > 1_000_000
+
+
 def test_without_a_gpu_it_asks_for_one_or_tiny(tmp_path):
     run = bench("--out", str(tmp_path / "gpu.json"))
     assert run.returncode != 0

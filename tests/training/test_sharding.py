@@ -17,7 +17,6 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tests.meta_agent.test_scale_out import free_port
 from training.backbone import AdapterConfig, Backbone, ModelConfig, build_tiny_model
 from training.batch import collate, completion_logits
 from training.generation import make_backend
@@ -182,8 +181,8 @@ def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(model_di
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # a free port of its own
         "--nproc_per_node=2",
-        f"--master_port={free_port()}",
     ]
     proc = subprocess.run(
         [*command, str(script), str(model_dir), str(tmp_path)],
