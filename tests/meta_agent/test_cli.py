@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from meta_agent.cli import main
-from training.backbone import build_tiny_model
 
 QUESTION = "A depot holds 728 crates with 734 bolts in each crate. A delivery brings 21,139 more bolts. How many bolts does the depot hold now?"
 
@@ -30,14 +29,6 @@ def run_cli(*args: str, cwd: Path, timeout: float = 900) -> subprocess.Completed
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tokenizer, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def read_traces(run_dir: Path) -> list[dict]:

@@ -11,7 +11,7 @@ import meta_agent.cli
 from meta_agent.cli import main
 from meta_agent.config import load_config, role_specs
 from meta_agent.system import adapter_configs, build_system, model_config
-from tests.meta_agent.test_cli import QUESTION, tiny_model_dir  # noqa: F401  (fixture)
+from tests.meta_agent.test_cli import QUESTION
 from tests.meta_agent.test_sft_source import adapter_state, squash
 from training.backbone import Backbone
 
@@ -43,7 +43,7 @@ def fake_checkpoint(root, step: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def saved(tiny_model_dir, tmp_path_factory):  # noqa: F811
+def saved(tiny_model_dir, tmp_path_factory):
     """A run folder whose latest checkpoint (step 2) holds changed adapters, step 1 other ones."""
     run = tmp_path_factory.mktemp("run")
     root = run / "checkpoints"
@@ -58,7 +58,7 @@ def saved(tiny_model_dir, tmp_path_factory):  # noqa: F811
 @pytest.mark.parametrize(
     "where", ["", "checkpoints", "checkpoints/step-000002", "checkpoints/step-000002/adapters"]
 )
-def test_build_system_loads_the_adapters_of_a_run_checkpoint_or_adapters_folder(saved, where, tiny_model_dir):  # noqa: F811
+def test_build_system_loads_the_adapters_of_a_run_checkpoint_or_adapters_folder(saved, where, tiny_model_dir):
     run, weights = saved
     cfg = load_config([f"model.path={tiny_model_dir}", "memory.enabled=false", f"adapters={run / where}"])
     loaded = adapter_state(build_system(cfg).backbone)
@@ -71,7 +71,7 @@ def test_build_system_loads_the_adapters_of_a_run_checkpoint_or_adapters_folder(
 
 
 @pytest.mark.parametrize("command", [["solve", QUESTION], ["eval"]])
-def test_solve_and_eval_play_with_the_saved_adapters(command, saved, tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_solve_and_eval_play_with_the_saved_adapters(command, saved, tiny_model_dir, tmp_path, monkeypatch):
     run, weights = saved
     systems = []
 
@@ -88,7 +88,7 @@ def test_solve_and_eval_play_with_the_saved_adapters(command, saved, tiny_model_
     assert (tmp_path / "out" / "traces.jsonl").is_file()
 
 
-def test_bad_adapters_are_one_clear_error(saved, tiny_model_dir, tmp_path, capsys):  # noqa: F811
+def test_bad_adapters_are_one_clear_error(saved, tiny_model_dir, tmp_path, capsys):
     run, _ = saved
     partial = tmp_path / "partial"
     shutil.copytree(run / "checkpoints" / "step-000002" / "adapters", partial)

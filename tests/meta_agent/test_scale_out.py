@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from meta_agent.config import load_config, role_specs
 from meta_agent.system import adapter_configs, model_config
-from tests.meta_agent.test_cli import run_cli, tiny_model_dir  # noqa: F401  (fixture)
+from tests.meta_agent.test_cli import run_cli
 from tests.meta_agent.test_train_cli import TINY
 from training.backbone import Backbone, build_tiny_model
 
@@ -41,8 +41,20 @@ def launch(n: int, *args: str, cwd: Path, timeout: float = 900) -> subprocess.Co
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def train_once(*args: str, cwd: Path) -> None:
+    """`meta-agent train args` in one process; a failure shows its stderr."""
+    proc = run_cli(*args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def train_twice(*args: str, cwd: Path) -> None:
+    """`meta-agent train args` under two processes (accelerate launch); a failure shows its stderr."""
+    proc = launch(2, "-m", "meta_agent", *args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
-def start_adapters(tiny_model_dir, tmp_path_factory) -> Path:  # noqa: F811
+def start_adapters(tiny_model_dir, tmp_path_factory) -> Path:
     return nonzero_adapters(tiny_model_dir, tmp_path_factory)
 
 
@@ -118,16 +130,14 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: fl
 
 
 def test_two_processes_train_the_same_adapters_as_one_and_resume_exactly(
-    tiny_model_dir,  # noqa: F811
+    tiny_model_dir,
     start_adapters,
     tmp_path,
 ):
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     args = lambda run, memory, *extra: train_args(tiny_model_dir, start_adapters, run, memory, *extra)  # noqa: E731
-    proc = run_cli(*args(one, tmp_path / "mem-one"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = launch(2, "-m", "meta_agent", *args(two, tmp_path / "mem-two"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_once(*args(one, tmp_path / "mem-one"), cwd=tmp_path)
+    train_twice(*args(two, tmp_path / "mem-two"), cwd=tmp_path)
 
     # The global batch and the seeds are the same, so the adapters are too: after SFT, after each
     # GRPO step; and every one of those steps moved them.
@@ -162,19 +172,12 @@ def test_two_processes_train_the_same_adapters_as_one_and_resume_exactly(
     assert len(saved["rng_ranks"]) == 2
 
     # Resume under two processes from step 1: the same step 2 as the uninterrupted run.
-    proc = launch(
-        2,
-        "-m",
-        "meta_agent",
-        *args(resumed, tmp_path / "mem-two", f"resume={two}/checkpoints/step-000001"),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_twice(*args(resumed, tmp_path / "mem-two", f"resume={two}/checkpoints/step-000001"), cwd=tmp_path)
     assert_same(adapters(resumed, 2), adapters(two, 2))
 
 
 def test_sharded_backbone_under_two_processes_trains_like_one_whole_process(
-    tiny_model_dir,  # noqa: F811
+    tiny_model_dir,
     start_adapters,
     tmp_path,
 ):
@@ -186,10 +189,8 @@ def test_sharded_backbone_under_two_processes_trains_like_one_whole_process(
         tiny_model_dir, start_adapters, run, memory, *uneven, *extra
     )
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
-    proc = run_cli(*args(one, tmp_path / "mem-one"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = launch(2, "-m", "meta_agent", *args(two, tmp_path / "mem-two", "model.fsdp=true"), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_once(*args(one, tmp_path / "mem-one"), cwd=tmp_path)
+    train_twice(*args(two, tmp_path / "mem-two", "model.fsdp=true"), cwd=tmp_path)
     assert_same(
         read_adapters(two / "checkpoints" / "sft-best"), read_adapters(one / "checkpoints" / "sft-best")
     )
@@ -200,14 +201,10 @@ def test_sharded_backbone_under_two_processes_trains_like_one_whole_process(
     rows = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert sum(r.get("train/empty_passes", 0) + r.get("sft/train/empty_passes", 0) for r in rows) > 0
 
-    proc = launch(
-        2,
-        "-m",
-        "meta_agent",
+    train_twice(
         *args(resumed, tmp_path / "mem-two", "model.fsdp=true", f"resume={two}/checkpoints/step-000001"),
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same(adapters(resumed, 2), adapters(two, 2))
 
 
@@ -223,12 +220,8 @@ def test_vllm_backend_under_two_processes_trains_like_one(tokenizer, tmp_path, t
     start = nonzero_adapters(model_dir, tmp_path_factory)
     engine = ["backend.name=vllm", "backend.vllm.kv_cache_gib=0.25", "backend.vllm.max_model_len=1024"]
     one, two = tmp_path / "one", tmp_path / "two"
-    proc = run_cli(*train_args(model_dir, start, one, tmp_path / "mem-one", *engine), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = launch(
-        2, "-m", "meta_agent", *train_args(model_dir, start, two, tmp_path / "mem-two", *engine), cwd=tmp_path
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_once(*train_args(model_dir, start, one, tmp_path / "mem-one", *engine), cwd=tmp_path)
+    train_twice(*train_args(model_dir, start, two, tmp_path / "mem-two", *engine), cwd=tmp_path)
     before = read_adapters(start)
     for step in (1, 2):
         after = adapters(one, step)
@@ -240,14 +233,7 @@ def test_vllm_backend_under_two_processes_trains_like_one(tokenizer, tmp_path, t
     # The engine beside a sharded trainer (model.fsdp): rollouts never touch the shards.
     sharded = tmp_path / "sharded"
     extra = [*engine, "model.fsdp=true"]
-    proc = launch(
-        2,
-        "-m",
-        "meta_agent",
-        *train_args(model_dir, start, sharded, tmp_path / "mem-3", *extra),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_twice(*train_args(model_dir, start, sharded, tmp_path / "mem-3", *extra), cwd=tmp_path)
     assert_same(adapters(sharded, 2), adapters(one, 2))
 
 
@@ -297,7 +283,7 @@ def test_lessons_of_every_rank_are_committed_once_and_every_rank_sees_them(tmp_p
     assert rank1 == rank0 and rank0["size"] == 6
 
 
-def test_fewer_tasks_per_step_than_processes_is_a_clear_error(tiny_model_dir, tmp_path):  # noqa: F811
+def test_fewer_tasks_per_step_than_processes_is_a_clear_error(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", f"model.path={tiny_model_dir}", *TINY, "train.tasks_per_step=1", f"run_dir={run_dir}"]
     proc = launch(2, "-m", "meta_agent", *args, f"memory.path={tmp_path / 'memory'}", cwd=tmp_path)

@@ -12,7 +12,6 @@ from meta_agent.cli import main
 from meta_agent.config import load_config
 from meta_agent.system import build_system
 from meta_agent.train import Stage, run_sft, sft_turns
-from tests.meta_agent.test_cli import tiny_model_dir  # noqa: F401  (fixture)
 from training.run_log import RunLog
 
 SFT = [
@@ -47,7 +46,7 @@ def train_sft(overrides: list[str], ckpt_root) -> tuple[dict, dict]:
     return before, adapter_state(system.backbone)
 
 
-def test_sft_from_a_demos_file_equals_sft_from_the_generator(tiny_model_dir, tmp_path, capsys):  # noqa: F811
+def test_sft_from_a_demos_file_equals_sft_from_the_generator(tiny_model_dir, tmp_path, capsys):
     common = [f"model.path={tiny_model_dir}", *SFT, f"run_dir={tmp_path / 'run'}"]
     path = tmp_path / "demos" / "arith.jsonl"
     assert main(["demos", *common, "sft.source=arith", f"demos_out={path}"]) == 0
@@ -94,7 +93,7 @@ def demo_line(role: str = "executor") -> str:
 def test_a_bad_demos_file_is_one_clear_error_at_start_up(
     content,
     message,
-    tiny_model_dir,  # noqa: F811
+    tiny_model_dir,
     tmp_path,
     capsys,
 ):

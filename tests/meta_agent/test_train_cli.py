@@ -7,7 +7,7 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.meta_agent.test_cli import run_cli, tiny_model_dir  # noqa: F401  (fixture)
+from tests.meta_agent.test_cli import run_cli
 
 TINY = [
     "roles.meta_thinker.sampling.max_new_tokens=8",
@@ -29,7 +29,7 @@ def scalar_tags(run_dir) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
-def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_dir, tmp_path):  # noqa: F811
+def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
         "train",
@@ -78,7 +78,7 @@ def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_di
 
 
 @pytest.mark.slow
-def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):  # noqa: F811
+def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
         "sft",
@@ -110,7 +110,7 @@ def adapter_tensors(checkpoint):
 
 
 @pytest.mark.slow  # three training runs: 24 s of the fast suite's 2 minutes (CI runs it)
-def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir, tmp_path):  # noqa: F811
+def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir, tmp_path):
     """SFT, then GRPO with a KL term (so every step moves the adapters), stopped after 2 of 3 steps."""
     common = [
         f"model.path={tiny_model_dir}",
@@ -145,7 +145,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir,
         assert (a[k] == b[k]).all(), k
 
 
-def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, monkeypatch):
     """An error in a GRPO step reaches the caller, after the system is closed (a vLLM engine stops) and
     the logs of the steps before it are flushed to their files."""
     from meta_agent import train as train_module

@@ -17,7 +17,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from training.backbone import AdapterConfig, Backbone, ModelConfig, build_tiny_model
+from training.backbone import AdapterConfig, Backbone, ModelConfig
 from training.batch import collate, completion_logits
 from training.generation import make_backend
 from training.grpo import GRPOSettings
@@ -27,14 +27,6 @@ from training.types import GenerationRequest, SamplingParams, Turn
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ("meta_thinker", "executor")
 ADAPTERS = {role: AdapterConfig(r=4, alpha=8) for role in ROLES}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tokenizer, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-model")
-    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def load(model_dir: Path, fsdp: bool, device: str = "cpu") -> Backbone:
@@ -96,8 +88,8 @@ def adapter_state(backbone: Backbone) -> dict[str, torch.Tensor]:
     }
 
 
-def test_a_sharded_backbone_generates_and_trains_like_a_whole_one(model_dir, tmp_path):
-    whole, sharded = load(model_dir, fsdp=False), load(model_dir, fsdp=True)
+def test_a_sharded_backbone_generates_and_trains_like_a_whole_one(tiny_model_dir, tmp_path):
+    whole, sharded = load(tiny_model_dir, fsdp=False), load(tiny_model_dir, fsdp=True)
     try:
         assert sharded.sharded and sharded.owns_process_group
         bases = [p for n, p in sharded.model.named_parameters() if ".lora_" not in n]
@@ -115,14 +107,14 @@ def test_a_sharded_backbone_generates_and_trains_like_a_whole_one(model_dir, tmp
         for trainer in trainers:
             trainer.sft_step(turns)
             trainer.grpo_step(turns)
-        before, after = adapter_state(load(model_dir, fsdp=False)), adapter_state(whole)
+        before, after = adapter_state(load(tiny_model_dir, fsdp=False)), adapter_state(whole)
         assert any(not torch.allclose(before[k], after[k]) for k in after)  # the steps moved them
         for name, value in adapter_state(sharded).items():
             assert torch.allclose(value, after[name], atol=1e-6), name
 
         # Adapters save and load as plain PEFT files.
         sharded.save_adapters(tmp_path / "saved")
-        fresh = load(model_dir, fsdp=False)
+        fresh = load(tiny_model_dir, fsdp=False)
         fresh.load_adapters(tmp_path / "saved")
         for name, value in adapter_state(fresh).items():
             assert torch.equal(value, adapter_state(sharded)[name])
@@ -131,11 +123,11 @@ def test_a_sharded_backbone_generates_and_trains_like_a_whole_one(model_dir, tmp
     assert not torch.distributed.is_initialized()
 
 
-def test_offload_without_fsdp_or_without_a_gpu_is_a_clear_error(model_dir):
+def test_offload_without_fsdp_or_without_a_gpu_is_a_clear_error(tiny_model_dir):
     with pytest.raises(ValueError, match="set model.fsdp=true"):
-        Backbone.load(ModelConfig(path=str(model_dir), fsdp_offload=True), ADAPTERS)
+        Backbone.load(ModelConfig(path=str(tiny_model_dir), fsdp_offload=True), ADAPTERS)
     with pytest.raises(ValueError, match="needs model.device=cuda"):
-        Backbone.load(ModelConfig(path=str(model_dir), fsdp=True, fsdp_offload=True), ADAPTERS)
+        Backbone.load(ModelConfig(path=str(tiny_model_dir), fsdp=True, fsdp_offload=True), ADAPTERS)
     assert not torch.distributed.is_initialized()
 
 
@@ -173,7 +165,7 @@ ranks.close()
 
 
 @pytest.mark.slow
-def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(model_dir, tmp_path):
+def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(tiny_model_dir, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
@@ -185,7 +177,7 @@ def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(model_di
         "--nproc_per_node=2",
     ]
     proc = subprocess.run(
-        [*command, str(script), str(model_dir), str(tmp_path)],
+        [*command, str(script), str(tiny_model_dir), str(tmp_path)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -196,7 +188,7 @@ def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(model_di
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
 
     # One process, not sharded, all of it: the same tokens and, after the step, the same adapters.
-    whole = load(model_dir, fsdp=False)
+    whole = load(tiny_model_dir, fsdp=False)
     turns = turns_of(whole, sum(LENGTHS, []))
     assert rank0["tokens"] + rank1["tokens"] == [list(t.completion_ids) for t in turns]
     PolicyTrainer(whole, settings()).grpo_step(turns)
