@@ -76,18 +76,17 @@ class Ranks:
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sum over ranks, in float64."""
-        if self.size == 1:
-            return [float(v) for v in values]
-        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t)
-        return t.tolist()
+        return self._all_reduce(values, "SUM")
 
     def max(self, values: Sequence[float]) -> list[float]:
         """Element-wise maximum over ranks, in float64."""
+        return self._all_reduce(values, "MAX")
+
+    def _all_reduce(self, values: Sequence[float], op: str) -> list[float]:
         if self.size == 1:
             return [float(v) for v in values]
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op))
         return t.tolist()
 
     def gather(self, items: list) -> list:

@@ -12,6 +12,7 @@ def test_one_process_is_rank_zero_of_one_and_collectives_are_the_identity():
     ranks = Ranks.start("cpu")
     assert (ranks.rank, ranks.size, ranks.main) == (0, 1, True)
     assert ranks.sum([1, 2.5]) == [1.0, 2.5]
+    assert ranks.max([1, 2.5]) == [1.0, 2.5]
     assert ranks.gather([("a", 1)]) == [("a", 1)]
     assert ranks.broadcast({"x": 1}) == {"x": 1}
     p = torch.nn.Parameter(torch.ones(3))
