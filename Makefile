@@ -73,7 +73,7 @@ test-vllm: vllm-setup
 device-prep: setup
 	rm -rf .whl .cache/device
 	$(PY) -m pip download --quiet --only-binary=:all: --dest .whl pytest
-	META_AGENT_CACHE=.cache/device $(PY) -c "from training.backbone import ModelConfig, load_tokenizer; load_tokenizer(ModelConfig())"
+	META_AGENT_CACHE=.cache/device $(PY) -c "from training.model_files import ModelConfig, load_tokenizer; load_tokenizer(ModelConfig())"
 
 # Measurements, not tests: each writes bench/results/<name>.json. The CPU set: about 25 minutes on 2 cores.
 BENCH_CPU ?= sandbox faiss_memory rollout memory_peak trl_grpo

@@ -368,7 +368,7 @@ def measure_store(kind: str, data: np.ndarray, queries: np.ndarray, args) -> dic
             store.search(f"q{j}", args.k)
         search_s = [timed(store.search, f"q{j}", args.k)[1] for j in range(len(queries))]
         candidates = min(args.k * store.candidate_factor, n)
-        built = structure(store._index)
+        built = structure(store.faiss_index)
         store.close()
     return {
         "n": n,

@@ -35,8 +35,7 @@ from training.backbone import AdapterConfig, Backbone
 from training.distributed import Ranks
 from training.generation import HFBackend
 from training.grpo import GRPOSettings
-from training.sharding import shard_backbone
-from training.trainer import PolicyTrainer, TrainerSettings
+from training.trainer import PolicyTrainer, UpdateSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
 RESULTS = RESULTS_DIR / "gpu.json"
@@ -170,7 +169,7 @@ def build_backbone(shape: Shape, args: argparse.Namespace, device: torch.device)
         model.eval()
         backbone = Backbone.from_model(model, IdsOnlyTokenizer(), dict.fromkeys(ROLES, adapter))
     if args.fsdp:
-        shard_backbone(backbone, Ranks(device=str(device)), offload=args.fsdp_offload)
+        backbone = backbone.shard(Ranks(device=str(device)), offload=args.fsdp_offload)
     return backbone
 
 
@@ -247,6 +246,7 @@ def rollout(backbone: Backbone, args: argparse.Namespace, vocab: int, device: to
             logprobs=res.logprobs,
             reward=float((i // 2) % 2),  # 0, 1, 0, 1 within every group: no group is filtered
             episode=i // 2,
+            advantage=1.0 if (i // 2) % 2 else -1.0,  # the rewards' normalised advantage, sign and size
         )
         for i, (req, res) in enumerate(zip(timed, results, strict=True))
     ]
@@ -263,24 +263,21 @@ def rollout(backbone: Backbone, args: argparse.Namespace, vocab: int, device: to
 
 def train(backbone: Backbone, turns: list[Turn], args: argparse.Namespace, device: torch.device) -> dict:
     """One warm-up GRPO step (optimizer state, kernel choice), then `--train-steps` timed ones."""
-    settings = TrainerSettings(
-        lr=dict.fromkeys(ROLES, 1e-4),
+    trainer = PolicyTrainer(
+        backbone,
+        dict.fromkeys(ROLES, 1e-4),
         temperature=dict.fromkeys(ROLES, args.temperature),
         grpo=GRPOSettings(),
-        micro_batch_size=args.micro_batch,
+        update=UpdateSettings(micro_batch_size=args.micro_batch),
     )
-    trainer = PolicyTrainer(backbone, settings)
     trainer.grpo_step(turns)
-    seconds, trained = [], 0.0
+    seconds = []
     for _ in range(args.train_steps):
         synchronize(device)
         started = time.perf_counter()
-        result = trainer.grpo_step(turns)
+        trainer.grpo_step(turns)
         synchronize(device)
         seconds.append(time.perf_counter() - started)
-        trained = result.metrics["train/turns"] - result.metrics["train/filtered_turns"]
-    if trained < len(turns):
-        raise RuntimeError(f"{len(turns) - trained:.0f} of {len(turns)} turns were filtered: use --rows >= 4")
     return {
         "train_step_seconds": statistics.median(seconds),
         "train_step_seconds_each": seconds,

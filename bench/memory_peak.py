@@ -124,9 +124,10 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
     stage("start")
     import torch  # here, not at the top: the parent and the "start" stage stay free of torch
 
-    from meta_agent.config import load_config, role_specs
-    from meta_agent.system import adapter_configs, build_system, model_config
-    from meta_agent.train import generate_demos, trainer_settings
+    from meta_agent.config import load_config
+    from meta_agent.sft import generate_demos
+    from meta_agent.system import build_system
+    from roles import executors
     from training.backbone import Backbone
     from training.trainer import PolicyTrainer
 
@@ -138,32 +139,32 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
         *overrides,
     ]
     cfg = load_config([*overrides, f"seed={seed}"])
-    roles = role_specs(cfg)
-    executor = next(r for r in roles if r.kind == "executor")
+    roles = cfg.role_list
+    executor = executors(roles)[0]
     adapters = {
         "two_roles": [roles],
         "one_role_experiment": [roles],
         "two_copies": [[r] for r in roles],
         "one_role": [[executor]],
     }[arm]
-    backbones = [Backbone.load(model_config(cfg), adapter_configs(a)) for a in adapters]
+    backbones = [Backbone.load(cfg.model, {r.name: r.adapter for r in a}, seed=cfg.seed) for a in adapters]
     stage("loaded")
     system = build_system(cfg, backbones[0])  # roles, chat format and tools for the demonstrations
     turns = grpo_batch(generate_demos(cfg, system), group)
     if arm == "one_role":  # the hierarchy's turns, all trained by one adapter
         turns = [replace(t, role=executor.name) for t in turns]
-    settings = trainer_settings(cfg, system)
-    trainers = [(PolicyTrainer(b, settings), set(b.adapters)) for b in backbones]
+    lr = {r.name: r.lr for r in roles}
+    temperature = {r.name: r.sampling.temperature for r in roles}
+    trainers = [
+        (PolicyTrainer(b, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train), set(b.adapters))
+        for b in backbones
+    ]
     stage("batch_and_trainer")
     load_peak = ru_maxrss_mib()
     resettable = reset_peak()
     for step in range(steps):
         for trainer, names in trainers:
-            result = trainer.grpo_step([t for t in turns if t.role in names])
-            if result.metrics["train/filtered_turns"]:
-                raise RuntimeError(
-                    "some turns were filtered: the synthetic rewards should vary in every group"
-                )
+            trainer.grpo_step([t for t in turns if t.role in names])
         stage(f"step_{step + 1}")
     step_peak = round(_status_mib("VmHWM"), 1) if resettable else ru_maxrss_mib()
     first = backbones[0].model
@@ -197,14 +198,16 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
 
 
 def grpo_batch(episodes: list, group: int) -> list:
-    """Each demonstration episode repeated `group` times as one GRPO group, rewards 1, 0, 1, ...: the
-    advantages are nonzero. Identical turns cost the memory of sampled ones of the same length."""
+    """Each demonstration episode repeated `group` times as one GRPO group, rewards 1, 0, 1, ... and
+    advantages +1, -1, ...: every turn trains. Identical turns cost the memory of sampled ones of the
+    same length."""
     turns = []
     for k, episode in enumerate(episodes):
         for g in range(group):
             index = k * group + g
             turns += [
-                replace(t, reward=float(g % 2 == 0), episode=index) for t in episode.training_turns(index)
+                replace(t, reward=float(g % 2 == 0), advantage=1.0 if g % 2 == 0 else -1.0, episode=index)
+                for t in episode.training_turns(index)
             ]
     return turns
 

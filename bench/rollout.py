@@ -48,11 +48,12 @@ from meta_agent.demos import arith_actions
 from meta_agent.runner import request_seed
 from meta_agent.system import System, build_system
 from meta_agent.tasks import load_tasks
+from roles import meta_thinker
 from training.backbone import BASE_ADAPTER, Backbone
 from training.generation import HFBackend
-from training.generation.hf import _assemble
+from training.generation.hf import assemble_cache
 from training.mixed_lora import RowAdapters
-from training.types import GenerationRequest, SamplingParams
+from training.types import GenerationRequest
 
 RESULTS = RESULTS_DIR / "rollout.json"
 TARGETS = {"mixed_vs_sequential": 1.5, "mixed_vs_base": 0.8}
@@ -81,7 +82,7 @@ def role_requests(system: System, n_tasks: int, new_tokens: int, seed: int) -> l
     """For each task its plan request (meta-thinker) and, after the demonstration plan, its executor
     request: real prompts, each role's temperature and top-p, a fixed length and no stop strings."""
     roles = {r.name: r for r in system.roles}
-    meta = next(r for r in system.roles if r.kind == "meta_thinker")
+    meta = meta_thinker(system.roles)
     requests = []
     for i, task in enumerate(load_tasks("arith", "train", limit=n_tasks, seed=seed)):
         episode = system.factory.new(task)
@@ -89,8 +90,7 @@ def role_requests(system: System, n_tasks: int, new_tokens: int, seed: int) -> l
         episode.advance_text(arith_actions(task, seed=seed, grammar=meta.grammar).plan)
         prompts.append(episode.request())
         for step, req in enumerate(prompts):
-            sampling = roles[req.role].sampling
-            params = SamplingParams(sampling.temperature, sampling.top_p, max_new_tokens=new_tokens)
+            params = replace(req.sampling, max_new_tokens=new_tokens, stop=())
             requests.append(GenerationRequest(req.role, req.prompt_ids, params, request_seed(seed, i, step)))
     if {r.adapter for r in requests} != set(roles):
         raise RuntimeError(
@@ -190,7 +190,7 @@ def decode_step_ms(
     `rows`: per-row adapter names through the product's RowAdapters (as HFBackend runs them), or through
     PEFT's own mixed-batch path (`adapter_names=`) when `peft_path`; None: a plain forward."""
     device = backbone.device
-    cache, mask, positions = _assemble(states, warmup + steps + 1, device)
+    cache, mask, positions = assemble_cache(states, warmup + steps + 1, device)
     ids = torch.full((len(states), 1), backbone.tokenizer.eos_token_id, device=device)  # [B, 1]
     kwargs = {"adapter_names": rows} if peft_path else {}
     times = []
@@ -242,9 +242,7 @@ def diagnose(backbone: Backbone, requests: list[GenerationRequest], roles: Seque
 
     backbone.model.eval()
     with torch.inference_mode():
-        with RowAdapters(backbone.model) as backend._rows:  # what generate() sets around its prefill
-            states = backend._prefill(requests)
-        backend._rows = None
+        states = backend.prefill(requests)
         ms = {
             "mixed": step(None, names, "product"),
             "sequential": sum(step(idx, [role] * len(idx)) for role, idx in halves.items()),

@@ -35,23 +35,23 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import peft
 import torch
 import transformers
-from omegaconf import DictConfig
 
 from bench.common import RESULTS_DIR, machine_info, write_result
-from meta_agent.config import load_config, role_specs
+from meta_agent.config import load_config
 from meta_agent.runner import request_seed
-from meta_agent.system import System, adapter_configs, build_system, model_config
+from meta_agent.settings import Config
+from meta_agent.system import System, build_system, policy_trainer
 from meta_agent.tasks import Task, grade, load_tasks
-from meta_agent.train import trainer_settings
-from training.backbone import load_tokenizer, resolve_model_dir, torch_dtype
+from training.distributed import Ranks
 from training.generation import HFBackend
-from training.trainer import PolicyTrainer
+from training.grpo import group_advantages
+from training.model_files import load_tokenizer, resolve_model_dir, torch_dtype
 from training.types import GenerationRequest, SamplingParams, Turn
 
 RESULTS = RESULTS_DIR / "trl.json"
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_settings(args: argparse.Namespace) -> DictConfig:
+def load_settings(args: argparse.Namespace) -> Config:
     """The experiment's config with this benchmark's sizes: the single source of both sides' settings."""
     return load_config(
         [
@@ -134,14 +134,14 @@ class SideResult:
         }
 
 
-def workload(cfg: DictConfig, system: System, prompts: int) -> Workload:
+def workload(cfg: Config, system: System, prompts: int) -> Workload:
     """The first `prompts` arith train questions as the executor's first prompt of an episode."""
     tasks = load_tasks(cfg.train.task, "train", limit=prompts, seed=cfg.seed)
     prompt_ids = [system.factory.new(task).request().prompt_ids for task in tasks]
     return Workload(tasks, prompt_ids, [system.chat.decode_raw(ids) for ids in prompt_ids])
 
 
-def run_meta_agent(cfg: DictConfig, args: argparse.Namespace, system: System, work: Workload) -> SideResult:
+def run_meta_agent(cfg: Config, args: argparse.Namespace, system: System, work: Workload) -> SideResult:
     """Rollout -> rewards -> grpo_step through the product's backend and trainer."""
     backbone = system.backbone
     tasks, prompt_ids = work.tasks, work.prompt_ids
@@ -151,7 +151,7 @@ def run_meta_agent(cfg: DictConfig, args: argparse.Namespace, system: System, wo
         eos_token_ids=None if args.stop_at_eos else (),  # () : EOS never ends a row
         prefix_cache_mb=cfg.backend.prefix_cache_mb,
     )
-    trainer = PolicyTrainer(backbone, trainer_settings(cfg, system))
+    trainer = policy_trainer(cfg, system, Ranks())
     role = next(r for r in system.roles if r.name == ROLE)
     sampling = SamplingParams(
         temperature=role.sampling.temperature, top_p=role.sampling.top_p, max_new_tokens=args.max_new_tokens
@@ -179,6 +179,11 @@ def run_meta_agent(cfg: DictConfig, args: argparse.Namespace, system: System, wo
             )
             for i, (req, res) in enumerate(zip(requests, results, strict=True))
         ]
+        # One turn per episode: each reward normalised within its task's group, as the training loop does.
+        advantages = group_advantages(
+            [t.reward for t in turns], [(t.role, t.group) for t in turns], scale=cfg.grpo.scale_advantages
+        )
+        turns = [replace(t, advantage=a) for t, a in zip(turns, advantages, strict=True)]
         scored = time.perf_counter()
         trainer.grpo_step(turns)
         if step >= args.warmup:
@@ -190,7 +195,7 @@ def run_meta_agent(cfg: DictConfig, args: argparse.Namespace, system: System, wo
     return SideResult(timings["step"], timings["rollout"], timings["reward"], timings["tokens"], trainable)
 
 
-def trl_config(cfg: DictConfig, args: argparse.Namespace, output_dir: str):
+def trl_config(cfg: Config, args: argparse.Namespace, output_dir: str):
     """TRL's GRPOConfig with every setting that changes a step's work taken from `cfg`."""
     from trl import GRPOConfig
 
@@ -236,7 +241,7 @@ def trl_config(cfg: DictConfig, args: argparse.Namespace, output_dir: str):
     )
 
 
-def run_trl(cfg: DictConfig, args: argparse.Namespace, work: Workload) -> SideResult:
+def run_trl(cfg: Config, args: argparse.Namespace, work: Workload) -> SideResult:
     """The same steps through TRL's GRPOTrainer on the same weights, prompts and reward."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -272,7 +277,7 @@ def run_trl(cfg: DictConfig, args: argparse.Namespace, work: Workload) -> SideRe
         reward_seconds.append(time.perf_counter() - started)
         return out
 
-    settings = model_config(cfg)
+    settings = cfg.model
     tokenizer = load_tokenizer(settings)
     for text, ids in zip(work.prompt_texts, work.prompt_ids, strict=True):
         if tuple(tokenizer(text)["input_ids"]) != ids:  # what TRL does with a text prompt
@@ -281,7 +286,7 @@ def run_trl(cfg: DictConfig, args: argparse.Namespace, work: Workload) -> SideRe
         resolve_model_dir(settings), dtype=torch_dtype(settings.dtype, settings.device), local_files_only=True
     )
     layers = model.config.num_hidden_layers
-    lora = adapter_configs(role_specs(cfg))[ROLE].lora_config(layers)
+    lora = cfg.roles[ROLE].adapter.lora_config(layers)
     rows = zip(work.prompt_texts, work.tasks, strict=True)
     dataset = Dataset.from_list([{"prompt": p, "answer": t.answer} for p, t in rows])
     clock = StepClock()
@@ -311,9 +316,9 @@ def run_trl(cfg: DictConfig, args: argparse.Namespace, work: Workload) -> SideRe
     )
 
 
-def shared_settings(cfg: DictConfig, args: argparse.Namespace, work: Workload) -> dict:
+def shared_settings(cfg: Config, args: argparse.Namespace, work: Workload) -> dict:
     role = cfg.roles[ROLE]
-    adapter = adapter_configs(role_specs(cfg))[ROLE]
+    adapter = cfg.roles[ROLE].adapter
     return {
         "experiment": args.experiment,
         "prompts": args.prompts,
@@ -335,7 +340,7 @@ def shared_settings(cfg: DictConfig, args: argparse.Namespace, work: Workload) -
         "lora_dtype": "float32",
         "grpo": {"beta": 0.0, "eps_low": cfg.grpo.eps_low, "eps_high": cfg.grpo.eps_high, "ratio": "token"},
         "reward": "meta_agent.tasks.grade(completion, answer): 1 or 0",
-        "backbone": str(resolve_model_dir(model_config(cfg))),
+        "backbone": str(resolve_model_dir(cfg.model)),
         "torch_threads": torch.get_num_threads(),
     }
 

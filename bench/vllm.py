@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -48,16 +49,17 @@ import peft
 import psutil
 import torch
 import transformers
-from omegaconf import DictConfig
 
 from bench.common import RESULTS_DIR, machine_info, write_result
-from meta_agent.config import load_config, plain
+from meta_agent.config import load_config
 from meta_agent.demos import arith_actions
 from meta_agent.runner import request_seed
+from meta_agent.settings import Config
 from meta_agent.system import System, build_system
 from meta_agent.tasks import load_tasks
-from training.generation import VLLMBackend, VLLMSettings
-from training.types import GenerationBackend, GenerationRequest, SamplingParams
+from roles import meta_thinker
+from training.generation import VLLMBackend
+from training.types import GenerationBackend, GenerationRequest
 
 RESULTS = RESULTS_DIR / "vllm.json"
 TARGETS = {"speedup_vs_hf": 1.3}  # issue 5: vLLM's rollout tokens/s over hf's, 2 CPU cores
@@ -100,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- speed ---------------------------------------------------------------------------------------------
 
 
-def build(overrides: Sequence[str]) -> tuple[DictConfig, System]:
+def build(overrides: Sequence[str]) -> tuple[Config, System]:
     """The experiment's config and its system on the `hf` backend (the vLLM engine is started apart)."""
     # Memory off: it loads an embedder and writes a folder, and an empty memory adds nothing to prompts.
     cfg = load_config([f"experiment={EXPERIMENT}", "memory.enabled=false", *overrides, "backend.name=hf"])
@@ -111,7 +113,7 @@ def rollout_requests(system: System, n_tasks: int, group_size: int, seed: int) -
     """Each episode's plan request, then its executor request after a demonstration plan: the prompts,
     sampling, token limits, stop strings and per-request seeds `runner.play` sends."""
     roles = {r.name: r for r in system.roles}
-    meta = next(r for r in system.roles if r.kind == "meta_thinker")
+    meta = meta_thinker(system.roles)
     requests = []
     for t, task in enumerate(load_tasks("arith", "train", limit=n_tasks, seed=seed)):
         for g in range(group_size):
@@ -121,11 +123,9 @@ def rollout_requests(system: System, n_tasks: int, group_size: int, seed: int) -
             episode.advance_text(arith_actions(task, seed=seed + g, grammar=meta.grammar).plan)
             wanted.append(episode.request())
             for step, req in enumerate(wanted):
-                sampling = roles[req.role].sampling
-                params = SamplingParams(sampling.temperature, sampling.top_p, req.max_new_tokens, req.stop)
                 requests.append(
                     GenerationRequest(
-                        req.role, req.prompt_ids, params, request_seed(seed, episode_index, step)
+                        req.role, req.prompt_ids, req.sampling, request_seed(seed, episode_index, step)
                     )
                 )
     if {r.adapter for r in requests} != set(roles):
@@ -226,7 +226,7 @@ def speed(args: argparse.Namespace) -> dict:
     requests = rollout_requests(system, args.tasks, args.group_size, args.seed)
     roles = [r.name for r in system.roles]
     print(f"{len(requests)} requests, {len({r.prompt_ids for r in requests})} distinct prompts", flush=True)
-    settings = VLLMSettings(**plain(cfg.backend.vllm))
+    settings = cfg.backend.vllm
     started = time.perf_counter()
     engine = VLLMBackend(system.backbone, settings)
     startup = time.perf_counter() - started
@@ -277,7 +277,7 @@ def speed(args: argparse.Namespace) -> dict:
             or f"random: N(0, {args.adapter_std}) on every LoRA weight (seed {args.seed}), nudged by "
             f"N(0, {args.adapter_std / 10}) before every round",
             "hf": {"batch_size": cfg.backend.batch_size, "prefix_cache_mb": cfg.backend.prefix_cache_mb},
-            "vllm": plain(cfg.backend.vllm),
+            "vllm": dataclasses.asdict(cfg.backend.vllm),
             "model_dtype_setting": cfg.model.dtype,
             "rounds": args.rounds,
             "order": "one untimed warm-up round each, then rounds alternating which backend goes first",

@@ -187,6 +187,11 @@ class FaissMemory:
         rows = self._db.execute("SELECT id FROM entries ORDER BY id").fetchall()
         return np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
 
+    @property
+    def faiss_index(self):
+        """The FAISS index searched (an IndexIDMap2 around the configured kind): for measurements."""
+        return self._index
+
     def _open_index(self):
         """The index file when it matches SQLite exactly, else a fresh index rebuilt from SQLite."""
         if self.path is not None:

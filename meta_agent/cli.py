@@ -12,25 +12,32 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import transformers
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meta_agent.config import load_config
+from meta_agent.config import commented_yaml, compose_config, load_config
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
+from meta_agent.errors import SettingError, UserError
+from meta_agent.evaluate import evaluate
+from meta_agent.rank_protocol import commit_lessons
 from meta_agent.runner import play
+from meta_agent.settings import Config
+from meta_agent.sft import generate_demos
 from meta_agent.system import build_system
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
-from meta_agent.train import generate_demos, start_ranks, train
-from training.backbone import BackboneNotFound
+from meta_agent.train import train
+from training.checkpoint import CheckpointError
+from training.distributed import Ranks
+from training.model_files import BackboneNotFound
 
 console = Console()
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars would bury the episode output
@@ -44,19 +51,18 @@ commands:
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   demos              write sft.examples demonstrations of sft.source (arith | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
-  config             print the resolved config
+  config             print the resolved config, every key with what it means
 
 overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
                    adapters=runs/X/checkpoints/sft-best (trained roles for solve, eval, train)  sft.source=runs/demos/arith.jsonl
 """
 
 
-def start_run(cfg: DictConfig, command: str) -> Path:
+def start_run(cfg: Config, command: str) -> Path:
+    """The run folder, with the resolved config (each key with its comment) as config.yaml."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(
-        f"# meta-agent {command}\n" + OmegaConf.to_yaml(cfg), encoding="utf-8"
-    )
+    (run_dir / "config.yaml").write_text(f"# meta-agent {command}\n" + commented_yaml(cfg), encoding="utf-8")
     return run_dir
 
 
@@ -68,8 +74,8 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     task = Task(id="cli/0", question=question, answer="", source="cli")
     episode = system.factory.new(task)
     with console.status("thinking"):
-        play([episode], system.backend, system.sampling(), seed=cfg.seed)
-    system.factory.commit_lessons([episode])
+        play([episode], system.backend, seed=cfg.seed)
+    commit_lessons(system.memory, system.factory.lessons([episode]), Ranks())
     TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve")
     system.close()
     console.print(Markdown(episode_markdown(episode)))
@@ -90,12 +96,13 @@ def cmd_eval(overrides: list[str]) -> int:
     columns = [TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("eval", total=total)
-        scores = system.evaluate(
+        scores = evaluate(
+            system,
             tasks,
-            cfg,
+            cfg.eval,
+            seed=cfg.seed,
             traces=TraceWriter(run_dir / "traces.jsonl"),
             on_batch=lambda n: progress.advance(bar, n),
-            write_lessons=cfg.eval.write_lessons,
         )
     system.close()
     table = Table(title=f"roles: {', '.join(r.name for r in system.roles)}")
@@ -121,7 +128,7 @@ def cmd_eval(overrides: list[str]) -> int:
 def cmd_demos(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     if demo_path(cfg.sft.source) is not None:
-        raise ValueError(
+        raise SettingError(
             f"meta-agent demos generates demonstrations: sft.source={cfg.sft.source} must be one of {SOURCES}"
         )
     run_dir = start_run(cfg, "demos")
@@ -132,7 +139,7 @@ def cmd_demos(overrides: list[str]) -> int:
         episodes = generate_demos(cfg, system)
     system.close()
     if not episodes:
-        raise ValueError(f"no {cfg.sft.source} demonstrations were made: raise sft.examples above 0")
+        raise SettingError(f"no {cfg.sft.source} demonstrations were made: raise sft.examples above 0")
     turns = read_demos(write_demos(episodes, out), roles=[r.name for r in system.roles])
     console.print(f"wrote {len(episodes)} demonstration episodes ({len(turns)} turns) to {out}")
     console.print(f"train on them: meta-agent sft sft.source={out}")
@@ -145,9 +152,12 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         # A resumed run goes on in its own folder: same memory, same checkpoints, same event files.
         overrides = [*overrides, f"run_dir={run_folder(Path(resume))}"]
     cfg = load_config(overrides)
-    ranks = start_ranks(cfg)  # one process, or this one's rank under `accelerate launch`
+    ranks = Ranks.start(cfg.model.device)  # one process, or this one's rank under `accelerate launch`
     if ranks.size > 1:
-        cfg.run_dir = ranks.broadcast(str(cfg.run_dir))  # one folder, named by rank 0's clock
+        # Each rank on its own device, in one folder named by rank 0's clock.
+        cfg = replace(
+            cfg, model=replace(cfg.model, device=ranks.device), run_dir=ranks.broadcast(cfg.run_dir)
+        )
         console.quiet = not ranks.main
     run_dir = start_run(cfg, command) if ranks.main else Path(cfg.run_dir)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
@@ -177,11 +187,15 @@ def _quote(text: str) -> str:
     return f"'{escaped}'"
 
 
+# The user's mistakes: a bad key or value, a missing model, file or checkpoint, malformed data.
+USER_ERRORS = (HydraException, OmegaConfBaseException, UserError, BackboneNotFound, CheckpointError)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
-    except (HydraException, OmegaConfBaseException, BackboneNotFound, FileNotFoundError, ValueError) as err:
-        # Real faults (a bad key, a missing model or file): one clear line, nothing half-written lost.
+    except USER_ERRORS as err:
+        # One clear line, nothing half-written lost; any other exception is a bug and keeps its traceback.
         console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
         return 2
 
@@ -207,7 +221,9 @@ def _dispatch(args: list[str]) -> int:
     if command == "demos":
         return cmd_demos(rest)
     if command == "config":
-        print(OmegaConf.to_yaml(load_config(rest)))
+        composed = compose_config(rest)
+        load_config(rest)  # every value checked, as a run would at start-up
+        print(commented_yaml(composed), end="")
         return 0
     print(f"unknown command {command!r}\n\n{USAGE}")
     return 2

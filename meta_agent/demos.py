@@ -34,6 +34,7 @@ from meta_agent.demo_script import (
     plan_text,
 )
 from meta_agent.episode import PLAN, REFLECT, Episode, Limits
+from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
 from roles import RoleSpec
@@ -148,7 +149,7 @@ def _play_executor(episode: Episode, segments: Sequence[Segment]) -> None:
 
 def _act(episode: Episode, text: str) -> None:
     """advance_text, after checking that generation would stop exactly at the end of `text`."""
-    stops = episode.request().stop
+    stops = episode.request().sampling.stop
     end = len(text.rstrip())
     for stop in stops:
         at = text.find(stop)
@@ -170,7 +171,7 @@ def make_demos(
     registry: ToolRegistry,
     seed: int = 0,
     *,
-    limits: Limits = Limits(),
+    limits: Limits | None = None,
     data_dir: Path | str | None = None,
 ) -> list[Episode]:
     """`n` finished demonstration episodes from the train split of `name` ("arith" or "gsm8k").
@@ -180,12 +181,13 @@ def make_demos(
     are skipped, so fewer than `n` come back only when the file runs out.
     """
     if name not in SOURCES:
-        raise ValueError(
+        raise SettingError(
             f"sft.source={name} is neither a demonstration generator {SOURCES} nor a .jsonl file of "
             "demonstrations (write one with `meta-agent demos sft.source=arith demos_out=FILE.jsonl`)"
         )
     if n < 0:
         raise ValueError(f"need n >= 0 demonstrations, got {n}")
+    limits = limits or Limits()
     grammar = roles[0].grammar
     factory = EpisodeFactory(roles, chat, registry, grade, limits)
     if name == "arith":
@@ -245,7 +247,7 @@ def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[T
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"demonstration file {path} not found: write it with "
             f"`meta-agent demos sft.source=arith demos_out={path}` (or meta_agent.demos.write_demos)"
         )
@@ -255,7 +257,7 @@ def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[T
             if line.strip():
                 turns.append(_read_turn(line, f"{path}:{line_no}", roles))
     if not turns:
-        raise ValueError(
+        raise BadData(
             f"demonstration file {path} is empty: write demonstrations into it with `meta-agent demos`"
         )
     return turns
@@ -275,14 +277,14 @@ def _read_turn(line: str, where: str, roles: Collection[str] | None) -> Turn:
             episode=int(row["episode"]),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(
+        raise BadData(
             f"{where}: not a demonstration turn ({type(e).__name__}: {e}); "
             "rewrite the file with `meta-agent demos`"
         ) from e
     if not len(turn.completion_ids) == len(turn.loss_mask) == len(turn.logprobs):
-        raise ValueError(f"{where}: completion_ids, loss_mask and logprobs differ in length")
+        raise BadData(f"{where}: completion_ids, loss_mask and logprobs differ in length")
     if roles is not None and turn.role not in roles:
-        raise ValueError(
+        raise BadData(
             f"{where}: role {turn.role!r} is not a configured role ({', '.join(roles)}): write the "
             "demonstrations with the roles= of this run, or train with the roles that wrote them"
         )

@@ -1,4 +1,4 @@
-"""One episode of the hierarchy as a token-level state machine (DESIGN.md, "One episode").
+"""One episode of the hierarchy as a token-level state machine (docs/ARCHITECTURE.md, "The episode protocol").
 
 plan (meta-thinker) -> execute (each executor in order, with tool calls) -> reflect (meta-thinker)
 -> finish, or revise and execute again, up to `max_rounds`. Without a meta-thinker the episode is
@@ -17,31 +17,34 @@ from memory.types import MemoryHit
 from meta_agent.chat import ChatFormat
 from meta_agent.tasks import Task
 from roles import (
-    EXECUTOR,
     META_THINKER,
     Outcome,
     RoleSpec,
+    check_roles,
+    executors,
+    meta_thinker,
     parse_executor,
     parse_plan,
     parse_reflection,
     role_reward,
     states_answer,
 )
-from roles.spec import check_roles
 from tools.registry import ToolRegistry, parse_tool_call
 from tools.types import BAD_CALL, ToolResult
-from training.types import Turn
+from training.types import SamplingParams, Turn
 
 PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
 WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
 
 
-@dataclass(frozen=True)
+@dataclass
 class Limits:
-    max_rounds: int = 2  # plan/execute/reflect rounds; a revision starts the next round
+    """The `protocol:` settings: how long one episode may run."""
+
+    max_rounds: int = 2  # plan -> execute -> reflect rounds; a revision starts the next one
     max_turns: int = 8  # role turns in the whole episode
     max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
-    max_tool_calls: int = 4  # per executor turn
+    max_tool_calls: int = 4  # tool calls per executor turn
 
     def __post_init__(self) -> None:
         for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):
@@ -51,12 +54,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Request:
-    """The next generation the episode needs."""
+    """The next generation the episode needs: the role's sampling, with the stops of its turn and at
+    most the episode's remaining token budget."""
 
     role: str
     prompt_ids: tuple[int, ...]
-    max_new_tokens: int
-    stop: tuple[str, ...]
+    sampling: SamplingParams
 
 
 @dataclass
@@ -84,7 +87,7 @@ class TurnRecord:
     answer: str | None = None
     format_ok: bool = False
     reward: float = 0.0
-    advantage: float | None = None  # filled in by the trainer
+    advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.credit)
 
     @property
     def generated_tokens(self) -> int:
@@ -99,22 +102,22 @@ class Episode:
         chat: ChatFormat,
         registry: ToolRegistry,
         grade: Callable[[str, str], bool],
-        limits: Limits = Limits(),
+        limits: Limits | None = None,
         memories: Sequence[MemoryHit] = (),
         final_reflection: bool = True,
     ):
         """`final_reflection=False` ends the episode after the executors of the last round: that
         reflection can neither revise nor change the answer, only write a lesson (scoring that keeps
         no lessons skips it)."""
-        check_roles(list(roles))
+        check_roles(roles)
         self.task = task
         self.roles = {r.name: r for r in roles}
-        self.meta = next((r for r in roles if r.kind == META_THINKER), None)
-        self.executors = [r for r in roles if r.kind == EXECUTOR]
+        self.meta = meta_thinker(roles)
+        self.executors = executors(roles)
         self.chat = chat
         self.registry = registry
         self.grade = grade
-        self.limits = limits
+        self.limits = limits or Limits()
         self.memories = list(memories)
         self.final_reflection = final_reflection
         self.turns: list[TurnRecord] = []
@@ -151,12 +154,13 @@ class Episode:
             REFLECT: grammar.reflect_stops(),
         }
         budget = self.limits.max_new_tokens - self._tokens_used
-        return Request(
-            role=turn.role,
-            prompt_ids=tuple(turn.prompt_ids + turn.completion_ids),
+        sampling = SamplingParams(
+            temperature=role.sampling.temperature,
+            top_p=role.sampling.top_p,
             max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
             stop=stop[turn.kind],
         )
+        return Request(turn.role, tuple(turn.prompt_ids + turn.completion_ids), sampling)
 
     def observation(self) -> str:
         """The text the acting role sees now: its prompt and its own turn so far."""
@@ -189,7 +193,7 @@ class Episode:
 
     def advance_text(self, text: str) -> None:
         """Advance with a text action (the PettingZoo env): tokenised, no rollout logprobs."""
-        stops = self.request().stop
+        stops = self.request().sampling.stop
         ids = self.chat.encode(text)
         reason = "stop" if any(text.rstrip().endswith(s) for s in stops) else "eos"
         self.advance(ids, [0.0] * len(ids), text, reason)
@@ -365,7 +369,8 @@ class Episode:
         self.done = True
 
     def training_turns(self, episode: int = -1) -> list[Turn]:
-        """The finished episode as the trainer's records: one Turn per role turn, grouped by task."""
+        """The finished episode as the trainer's records: one Turn per role turn with a completion, grouped
+        by task, with its reward and (once credit is assigned) its advantage."""
         if not self.done:
             raise RuntimeError("training_turns() before the episode finished")
         return [
@@ -378,6 +383,7 @@ class Episode:
                 logprobs=tuple(t.logprobs),
                 reward=t.reward,
                 episode=episode,
+                advantage=t.advantage or 0.0,
             )
             for t in self.turns
             if t.completion_ids

@@ -6,10 +6,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from meta_agent.episode import Episode
-from meta_agent.runner import EpisodeFactory, play
+from meta_agent.rank_protocol import commit_lessons
+from meta_agent.runner import play
+from meta_agent.settings import EvalSettings
+from meta_agent.system import System
 from meta_agent.tasks import Task
 from meta_agent.trace import TraceWriter
-from training.types import GenerationBackend, SamplingParams
+from training.distributed import Ranks
 
 
 @dataclass(frozen=True)
@@ -42,35 +45,35 @@ def score(name: str, episodes: Sequence[Episode]) -> TaskScore:
 
 
 def evaluate(
-    factory: EpisodeFactory,
-    backend: GenerationBackend,
-    sampling: Mapping[str, SamplingParams],
+    system: System,
     tasks: Mapping[str, Sequence[Task]],
+    settings: EvalSettings,
     *,
-    episodes_per_batch: int = 8,
     seed: int = 0,
     traces: TraceWriter | None = None,
     on_batch: Callable[[int], None] | None = None,
-    write_lessons: bool = True,
+    write_lessons: bool | None = None,
     final_reflection: bool = True,
+    ranks: Ranks | None = None,
 ) -> dict[str, TaskScore]:
-    """One episode per task, played `episodes_per_batch` at a time.
+    """One episode per task, played `settings.episodes_per_batch` at a time at `settings.temperature`.
 
-    Lessons are committed per batch unless `write_lessons` is False (held-out evaluation during
-    training must not write what it saw of the test set into the memory it trains with).
+    Lessons are committed per batch when `write_lessons` (default `settings.write_lessons`); held-out
+    evaluation during training never writes what it saw of the test set into the memory it trains with.
     `final_reflection=False` skips the last round's reflection, which cannot change an answer.
     """
-    if episodes_per_batch < 1:
-        raise ValueError(f"eval.episodes_per_batch must be >= 1, got {episodes_per_batch}")
+    write = settings.write_lessons if write_lessons is None else write_lessons
+    ranks = ranks or Ranks()
     scores = {}
     for name, task_list in tasks.items():
         played: list[Episode] = []
-        for start in range(0, len(task_list), episodes_per_batch):
-            chunk = task_list[start : start + episodes_per_batch]
-            batch = [factory.new(t, final_reflection=final_reflection) for t in chunk]
-            play(batch, backend, sampling, seed=seed + start)
-            if write_lessons:
-                factory.commit_lessons(batch)
+        for start in range(0, len(task_list), settings.episodes_per_batch):
+            chunk = task_list[start : start + settings.episodes_per_batch]
+            batch = [system.factory.new(t, final_reflection=final_reflection) for t in chunk]
+            play(batch, system.backend, seed=seed + start, temperature=settings.temperature)
+            if write:
+                lessons = system.factory.lessons(batch)
+                commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
             if traces is not None:
                 traces.write(batch, split="eval")
             played += batch
@@ -78,3 +81,20 @@ def evaluate(
                 on_batch(len(batch))
         scores[name] = score(name, played)
     return scores
+
+
+def held_out_accuracy(
+    system: System, tasks: Mapping[str, Sequence[Task]], settings: EvalSettings, seed: int, ranks: Ranks
+) -> float:
+    """Greedy accuracy on held-out `tasks` during training, each rank playing its share of the problems
+    (greedy: the same answers as one process), the counts summed over ranks.
+
+    No lesson writes: what the roles saw of the test set must not reach the memory they train with. So
+    the last reflection, which can only write a lesson, is skipped: the answers are the same."""
+    mine = {name: ranks.shard(task_list) for name, task_list in tasks.items()}
+    scores = evaluate(system, mine, settings, seed=seed, write_lessons=False, final_reflection=False)
+    system.backbone.lockstep.drain()  # a sharded backbone: until every rank's episodes are done
+    correct, total = ranks.sum(
+        [sum(s.correct for s in scores.values()), sum(s.total for s in scores.values())]
+    )
+    return correct / max(total, 1)

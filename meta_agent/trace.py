@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from meta_agent.episode import Episode
+from training.run_log import RunLog
 
 
 def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
@@ -94,3 +95,13 @@ class TraceWriter:
         with self.path.open("a", encoding="utf-8") as f:
             for ep in episodes:
                 f.write(json.dumps(episode_dict(ep, **extra), ensure_ascii=False) + "\n")
+
+
+def write_step_traces(
+    log: RunLog, traces: TraceWriter | None, episodes: list[Episode], group: int, step: int
+) -> None:
+    """Two episodes of the first group into TensorBoard's text tab; rank 0's episodes into traces.jsonl."""
+    for k, ep in enumerate(episodes[: group : max(group // 2, 1)]):
+        log.text(f"traces/episode_{k}", episode_markdown(ep), step)
+    if traces is not None:
+        traces.write(episodes, split="train", step=step)

@@ -11,20 +11,34 @@ from roles.grammar import (
     states_answer,
 )
 from roles.rewards import Outcome, role_reward
-from roles.spec import EXECUTOR, KINDS, META_THINKER, AdapterSpec, RewardSpec, RoleSpec, SamplingSpec
+from roles.spec import (
+    EXECUTOR,
+    KINDS,
+    META_THINKER,
+    RewardSpec,
+    RoleConfigError,
+    RoleSpec,
+    SamplingSpec,
+    check_roles,
+    executors,
+    meta_thinker,
+)
 
 __all__ = [
     "EXECUTOR",
     "KINDS",
     "META_THINKER",
-    "AdapterSpec",
     "ExecutorStep",
     "Grammar",
     "MetaOutput",
     "Outcome",
     "RewardSpec",
+    "RoleConfigError",
     "RoleSpec",
     "SamplingSpec",
+    "check_roles",
+    "executors",
+    "meta_thinker",
     "parse_executor",
     "parse_plan",
     "parse_reflection",

@@ -1,13 +1,15 @@
-"""Role specs: what a role is told, how it samples, its adapter, and how it is rewarded.
+"""Role specs: what a role is told, which tools it may call, how it samples and how it is rewarded.
 
-Built from the Hydra roles config by the entry points (meta_agent/config.py); everything here is
-plain frozen data so the episode code never sees a DictConfig.
+These records are the schema of the `roles:` config (meta_agent/config.py registers them with Hydra and
+adds each role's adapter and learning rate); the episode code takes them as plain typed data.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from roles.grammar import Grammar
 
@@ -24,56 +26,50 @@ class RoleConfigError(ValueError):
     """A roles config that cannot run; the message names the role and key."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class SamplingSpec:
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_new_tokens: int = 256  # per generation segment; the episode budget caps it further
+    """How a role samples (`roles.<role>.sampling`)."""
+
+    temperature: float = 0.7  # 0: greedy
+    top_p: float = 1.0  # nucleus sampling; 1: the whole distribution
+    max_new_tokens: int = 256  # per generation segment; the episode's token budget caps it further
 
 
-@dataclass(frozen=True)
-class AdapterSpec:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
-    top_layers: int | None = None  # LoRA on the last N decoder layers only (None: all)
-
-
-@dataclass(frozen=True)
+@dataclass
 class RewardSpec:
-    correct: float = 1.0
+    """How one episode's outcome becomes this role's reward (`roles.<role>.reward`, see roles.rewards)."""
+
+    correct: float = 1.0  # the episode's final answer passed the task's verifier
     wrong: float = 0.0
-    format_penalty: float = (
-        0.2  # no tagged answer (executor) / a plan or reflection without its tags (meta-thinker)
-    )
-    tool_error_penalty: float = 0.05  # per failed or malformed tool call
-    max_tool_error_penalty: float = 0.2
-    leak_penalty: float = 0.5  # meta-thinker states the answer instead of planning
+    # no tagged answer (executor); a plan or reflection that broke or never closed its tags (meta-thinker)
+    format_penalty: float = 0.2
+    tool_error_penalty: float = 0.05  # executor: per failed or malformed tool call
+    max_tool_error_penalty: float = 0.2  # executor: at most this much in all
+    leak_penalty: float = 0.5  # meta-thinker: it stated the answer instead of planning
 
 
-@dataclass(frozen=True)
+@dataclass
 class RoleSpec:
-    name: str
-    kind: str
+    """One role: what it is told, which tools it may call, how it samples and how it is rewarded.
+
+    Under `roles:` in the config each role is keyed by its name, which is also its adapter's name.
+    """
+
+    name: str  # set from the role's key under roles: at start-up
+    kind: str  # meta_thinker | executor
     system_prompt: str  # may use {tools}: the registry's description of this role's tools
+    # the first user message; placeholders {memories} {plan} {previous} {question}
     user_template: str = "{memories}{plan}{previous}Question: {question}"
-    reflect_template: str = ""  # meta-thinker only: the message that asks for a reflection
-    tools: tuple[str, ...] = ()
-    sampling: SamplingSpec = field(default_factory=SamplingSpec)
-    adapter: AdapterSpec = field(default_factory=AdapterSpec)
-    reward: RewardSpec = field(default_factory=RewardSpec)
-    grammar: Grammar = field(default_factory=Grammar)
+    # meta-thinker only: the message that asks for a reflection; placeholders {work} {answer}
+    reflect_template: str = ""
+    tools: tuple[str, ...] = ()  # tool names this role may call (calculator, python, memory_search)
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)  # how this role's turns are sampled
+    reward: RewardSpec = field(default_factory=RewardSpec)  # how an episode's outcome becomes its reward
+    # The tags roles write and the parser reads: one grammar for every role, not a setting.
+    grammar: ClassVar[Grammar] = Grammar()
 
     def __post_init__(self) -> None:
+        self.tools = tuple(self.tools)  # a list when it comes from the config
         where = f"roles.{self.name}"
         if self.kind not in KINDS:
             raise RoleConfigError(f"{where}.kind={self.kind!r}: must be one of {KINDS}")
@@ -85,7 +81,13 @@ class RoleSpec:
             _check_fields(f"{where}.reflect_template", self.reflect_template, REFLECT_FIELDS)
             if self.tools:
                 raise RoleConfigError(f"{where}.tools: the meta-thinker plans and calls no tools")
-        if self.sampling.max_new_tokens < 1:
+        sampling = self.sampling
+        if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+            raise RoleConfigError(
+                f"{where}.sampling: temperature={sampling.temperature} must be >= 0 and top_p={sampling.top_p} "
+                "in (0, 1]"
+            )
+        if sampling.max_new_tokens < 1:
             raise RoleConfigError(f"{where}.sampling.max_new_tokens must be >= 1")
 
     def system_text(self, tool_descriptions: str) -> str:
@@ -110,7 +112,7 @@ def _check_fields(where: str, template: str, allowed: frozenset[str]) -> None:
         raise RoleConfigError(f"{where} uses {sorted(unknown)}; allowed placeholders: {sorted(allowed)}")
 
 
-def check_roles(roles: list[RoleSpec]) -> None:
+def check_roles(roles: Sequence[RoleSpec]) -> None:
     """One meta-thinker at most, at least one executor, unique names."""
     names = [r.name for r in roles]
     if len(set(names)) != len(names):
@@ -120,3 +122,13 @@ def check_roles(roles: list[RoleSpec]) -> None:
         raise RoleConfigError(f"roles: at most one meta_thinker, got {[r.name for r in metas]}")
     if not any(r.kind == EXECUTOR for r in roles):
         raise RoleConfigError(f"roles: at least one role of kind 'executor' is needed, got {names}")
+
+
+def meta_thinker(roles: Sequence[RoleSpec]) -> RoleSpec | None:
+    """The role that plans and reflects, if the hierarchy has one (check_roles allows at most one)."""
+    return next((r for r in roles if r.kind == META_THINKER), None)
+
+
+def executors(roles: Sequence[RoleSpec]) -> list[RoleSpec]:
+    """The roles that act with tools, in config order (the first one acts first)."""
+    return [r for r in roles if r.kind == EXECUTOR]

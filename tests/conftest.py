@@ -13,13 +13,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the Hugging Face hub
 
-from training.backbone import (  # noqa: E402
-    AdapterConfig,
-    ModelConfig,
-    build_tiny_backbone,
-    build_tiny_model,
-    load_tokenizer,
-)
+from tests.tiny_model import build_tiny_backbone, build_tiny_model  # noqa: E402
+from training.backbone import AdapterConfig  # noqa: E402
+from training.model_files import ModelConfig, load_tokenizer  # noqa: E402
 
 ROLES = ("meta_thinker", "executor")
 

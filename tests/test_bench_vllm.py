@@ -9,7 +9,7 @@ import pytest
 from bench.vllm import BACKENDS, build, compare, paired_difference, parse_args, rollout_requests
 from meta_agent.runner import request_seed
 from tests.bench_run import run_bench
-from training.backbone import build_tiny_model
+from tests.tiny_model import build_tiny_model
 
 
 def test_requests_are_a_rollouts_first_turns_of_both_roles(tokenizer, tmp_path):

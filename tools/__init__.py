@@ -2,54 +2,55 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from memory.types import Memory
 from tools.calculator import Calculator
 from tools.conformance import check_tool
 from tools.memory_search import MemorySearch
 from tools.registry import ToolRegistry, parse_tool_call
-from tools.sandbox import PythonSandbox
+from tools.sandbox import PythonSandbox, SandboxLimits
 from tools.types import BAD_CALL, FAILED, MEMORY_EXCEEDED, TIMEOUT, Tool, ToolResult
 
 TOOL_NAMES = ("calculator", "python", "memory_search")
 
 
+@dataclass
+class ToolSettings:
+    """The `tools:` settings."""
+
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)  # the python tool's limits
+    memory_search_k: int = 3  # hits returned by the memory_search tool
+
+
 def build_registry(
-    names: Sequence[str],
-    *,
-    memory: Memory | None = None,
-    sandbox: Mapping[str, Any] | None = None,
-    memory_k: int = 3,
+    names: Sequence[str], *, memory: Memory | None = None, settings: ToolSettings | None = None
 ) -> ToolRegistry:
     """A registry with the named tools, in that order (e.g. a role's `tools:` list from config).
 
-    sandbox: PythonSandbox settings (timeout_s, memory_mb, ...). An unknown name, or memory_search
-    without a memory, is a ValueError naming the problem.
+    An unknown name, or memory_search without a memory, is a ValueError naming the problem.
     """
+    settings = settings or ToolSettings()
     registry = ToolRegistry()
     for name in names:
         if name == "calculator":
             registry.register(Calculator())
         elif name == "python":
-            registry.register(PythonSandbox(**dict(sandbox or {})))
+            registry.register(PythonSandbox(settings.sandbox))
         elif name == "memory_search":
             if memory is None:
                 raise ValueError("tool 'memory_search' needs a memory: pass memory=... to build_registry")
-            registry.register(MemorySearch(memory, k=memory_k))
+            registry.register(MemorySearch(memory, k=settings.memory_search_k))
         else:
             raise ValueError(f"unknown tool {name!r} in the tool list; known tools: {', '.join(TOOL_NAMES)}")
     return registry
 
 
-def default_registry(memory: Memory | None = None, **settings: Any) -> ToolRegistry:
-    """Calculator, python sandbox, and memory search when a memory is given.
-
-    settings: passed to build_registry (`sandbox={...}`, `memory_k=...`).
-    """
+def default_registry(memory: Memory | None = None, settings: ToolSettings | None = None) -> ToolRegistry:
+    """Calculator, python sandbox, and memory search when a memory is given."""
     names = [name for name in TOOL_NAMES if name != "memory_search" or memory is not None]
-    return build_registry(names, memory=memory, **settings)
+    return build_registry(names, memory=memory, settings=settings)
 
 
 __all__ = [
@@ -61,9 +62,11 @@ __all__ = [
     "Calculator",
     "MemorySearch",
     "PythonSandbox",
+    "SandboxLimits",
     "Tool",
     "ToolRegistry",
     "ToolResult",
+    "ToolSettings",
     "build_registry",
     "check_tool",
     "default_registry",

@@ -44,40 +44,48 @@ class _Run:
     flooded: bool
 
 
+@dataclass
+class SandboxLimits:
+    """What one run of the python tool may use (`tools.sandbox`)."""
+
+    timeout_s: float = 5.0  # wall clock; the whole process group is killed after it
+    cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU)
+    memory_mb: int = 256  # address space per process (RLIMIT_AS)
+    max_output_chars: int = 2000  # what the agent sees of the output; head and tail are kept
+    max_file_mb: int = 8  # size of one written file (RLIMIT_FSIZE), and of the private /dev/shm
+    max_scratch_mb: int = 64  # all files in the scratch folder together (needs the mount namespace)
+    max_code_chars: int = 20_000  # longest program accepted (it travels as one argv entry)
+    max_processes: int = 64  # RLIMIT_NPROC where root runs the program as `nobody`; shared by all sandboxes
+    max_open_files: int = 64  # RLIMIT_NOFILE
+
+    def __post_init__(self) -> None:
+        for setting, value in vars(self).items():
+            if value <= 0:
+                raise ValueError(f"tools.sandbox.{setting} must be positive, got {value}")
+        if self.max_code_chars > 30_000:  # the code travels as one argv entry: 128 KiB at most
+            raise ValueError(f"tools.sandbox.max_code_chars must be at most 30000, got {self.max_code_chars}")
+
+
 @dataclass(frozen=True)
 class PythonSandbox:
     """Tool `python`, arguments {"code": str}: runs a Python program, returns what it prints."""
 
-    timeout_s: float = 5.0  # wall clock, whole process group
-    cpu_s: int = 5  # RLIMIT_CPU per process
-    memory_mb: int = 256  # RLIMIT_AS per process
-    max_output_chars: int = 2000  # what the agent sees; head and tail are kept
-    max_file_mb: int = 8  # RLIMIT_FSIZE, and the size of the private /dev/shm
-    max_scratch_mb: int = 64  # all files in scratch together (needs the mount namespace)
-    max_code_chars: int = 20_000
-    max_processes: int = 64  # RLIMIT_NPROC where root runs the program as `nobody`; shared by all sandboxes
-    max_open_files: int = 64  # RLIMIT_NOFILE
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
     name: str = "python"
     description: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for setting in ("timeout_s", "cpu_s", "memory_mb", "max_output_chars", "max_file_mb",
-                        "max_scratch_mb", "max_code_chars", "max_processes", "max_open_files"):  # fmt: skip
-            if getattr(self, setting) <= 0:
-                raise ValueError(f"PythonSandbox.{setting} must be positive, got {getattr(self, setting)}")
-        if self.max_code_chars > 30_000:  # the code travels as one argv entry: 128 KiB at most
-            raise ValueError(f"PythonSandbox.max_code_chars must be at most 30000, got {self.max_code_chars}")
         if not sys.executable:
             raise ValueError("PythonSandbox needs sys.executable to start the child interpreter")
         description = (
             '{"code": str}: runs a Python 3 program (standard library only) and returns what it '
-            f"prints; no network, files only in its working folder, limits {self.timeout_s:g} s "
-            f"and {self.memory_mb} MB"
+            f"prints; no network, files only in its working folder, limits {self.limits.timeout_s:g} s "
+            f"and {self.limits.memory_mb} MB"
         )
         object.__setattr__(self, "description", description)
 
     def __call__(self, arguments: Mapping[str, Any]) -> ToolResult:
-        code = string_argument(arguments, "code", tool=self.name, max_chars=self.max_code_chars)
+        code = string_argument(arguments, "code", tool=self.name, max_chars=self.limits.max_code_chars)
         if isinstance(code, ToolResult):
             return code
         if "\x00" in code:
@@ -91,12 +99,12 @@ class PythonSandbox:
 
     def _run(self, code: str, scratch: str) -> _Run:
         limits = {
-            "cpu_s": self.cpu_s,
-            "memory_bytes": self.memory_mb << 20,
-            "file_bytes": self.max_file_mb << 20,
-            "scratch_bytes": self.max_scratch_mb << 20,
-            "max_files": self.max_open_files,
-            "max_processes": self.max_processes,
+            "cpu_s": self.limits.cpu_s,
+            "memory_bytes": self.limits.memory_mb << 20,
+            "file_bytes": self.limits.max_file_mb << 20,
+            "scratch_bytes": self.limits.max_scratch_mb << 20,
+            "max_files": self.limits.max_open_files,
+            "max_processes": self.limits.max_processes,
         }
         limit_text = ",".join(f"{key}={value}" for key, value in limits.items())
         # -I: no environment variables, no user site, script folder not on sys.path; -S: no
@@ -104,7 +112,7 @@ class PythonSandbox:
         # pipe unbuffered, so a traceback lands after the prints that preceded it.
         argv = [sys.executable, "-I", "-S", "-u", "-B", str(CHILD_SCRIPT), scratch, limit_text, code]
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch, "TMPDIR": scratch}
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.limits.timeout_s
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -131,12 +139,16 @@ class PythonSandbox:
             note = f"[stopped: the program printed more than {FLOOD_BYTES >> 20} MiB]"
             return self._finish(text, note, FAILED, force_truncated=True)
         if run.wall_timeout:
-            note = f"[timed out: still running after {self.timeout_s:g} s, stopped]"
+            note = f"[timed out: still running after {self.limits.timeout_s:g} s, stopped]"
             return self._finish(text, note, TIMEOUT)
-        if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and run.cpu_s >= self.cpu_s):
-            return self._finish(text, f"[timed out: used {self.cpu_s} s of CPU time, stopped]", TIMEOUT)
+        if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and run.cpu_s >= self.limits.cpu_s):
+            return self._finish(
+                text, f"[timed out: used {self.limits.cpu_s} s of CPU time, stopped]", TIMEOUT
+            )
         if rc != 0 and any(marker in _last_lines(text) for marker in MEMORY_MARKERS):
-            return self._finish(text, f"[memory limit: more than {self.memory_mb} MB]", MEMORY_EXCEEDED)
+            return self._finish(
+                text, f"[memory limit: more than {self.limits.memory_mb} MB]", MEMORY_EXCEEDED
+            )
         if rc == 0:
             return self._finish(text, "", None)
         if rc < 0:
@@ -144,7 +156,7 @@ class PythonSandbox:
         return self._finish(text, f"[exit status {rc}]", FAILED)
 
     def _finish(self, text: str, note: str, error: str | None, force_truncated: bool = False) -> ToolResult:
-        budget = max(self.max_output_chars - len(note) - 1, 0)
+        budget = max(self.limits.max_output_chars - len(note) - 1, 0)
         shown, truncated = _clip(text, budget)
         if note:
             shown = f"{shown}{'' if not shown or shown.endswith(chr(10)) else chr(10)}{note}"

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from training.grpo import token_logprobs
 from training.types import Turn
 
 
@@ -83,11 +82,6 @@ def completion_logits(model: torch.nn.Module, batch: TurnBatch) -> torch.Tensor:
         use_cache=False,
     )
     return out.logits[:, :-1, :]  # [B, K, V]
-
-
-def completion_logprobs(model: torch.nn.Module, batch: TurnBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Per-token logprobs [B, K] of the completion tokens under `model` (its active adapter)."""
-    return token_logprobs(completion_logits(model, batch), batch.targets, temperature=temperature)
 
 
 def micro_batches(turns: Sequence[Turn], size: int, *, whole_episodes: bool = False) -> list[list[Turn]]:

@@ -26,12 +26,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from training.types import Turn
+
 RATIO_LEVELS = ("token", "turn", "sequence")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
 
 
-@dataclass(frozen=True)
+@dataclass
 class GRPOSettings:
+    """The `grpo:` settings: advantages, clipped surrogate, KL, aggregation, backend-mismatch correction."""
+
     eps_low: float = 0.2  # ratio clipped below at 1 - eps_low (PPO's epsilon)
     eps_high: float = 0.28  # ratio clipped above at 1 + eps_high; > eps_low leaves room to explore (DAPO)
     beta: float = 0.0  # weight of the k3 KL to the reference (adapters off); 0 skips the reference pass
@@ -96,11 +100,6 @@ def _sample_std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def group_std(rewards: Sequence[float], keys: Sequence[Hashable]) -> dict[Hashable, float]:
-    """Sample std (Bessel-corrected, like `torch.std` and TRL) of the rewards of each group; 0 for one."""
-    return {key: _sample_std([rewards[i] for i in idx]) for key, idx in _groups(rewards, keys).items()}
-
-
 def zero_variance_groups(
     rewards: Sequence[float], keys: Sequence[Hashable], eps: float = 1e-6
 ) -> set[Hashable]:
@@ -135,6 +134,15 @@ def group_advantages(
         for i, value in zip(idx, values, strict=True):
             advantages[i] = (value - mean) / denom
     return advantages
+
+
+def trainable_turns(turns: Sequence[Turn], *, filter_zero_variance: bool, eps: float = 1e-6) -> list[Turn]:
+    """The turns a GRPO update learns from, in order: those with a generated token, and, when
+    `filter_zero_variance`, only those of (role, group) groups whose rewards differ (the others have
+    advantage 0: no gradient, only cost and dilution)."""
+    keys = [(t.role, t.group) for t in turns]
+    flat = zero_variance_groups([t.reward for t in turns], keys, eps) if filter_zero_variance else set()
+    return [t for t, key in zip(turns, keys, strict=True) if key not in flat and any(t.loss_mask)]
 
 
 # --- per-token quantities from logits ----------------------------------------------------------------
@@ -303,8 +311,8 @@ def grpo_loss(
     it needs ref_logprobs), then `aggregate`d. With `tis_cap` and rollout_logprobs [B, T], the surrogate
     is weighted by `truncated_is_weight(old_logprobs, rollout_logprobs)`; old_logprobs are then the
     trainer's. Metrics are masked token means unless named otherwise: "loss", "kl" (0 without a
-    reference), "clip_fraction", "ratio_mean", "ratio_max", "advantage_mean", "tis_weight_mean" and
-    "tis_capped_fraction" (1 and 0 without TIS), "tokens" (count).
+    reference), "clip_fraction", "ratio_mean", "tis_weight_mean" and "tis_capped_fraction" (1 and 0
+    without TIS), "tokens" (count).
     """
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (the reference model's logprobs)")
@@ -322,18 +330,14 @@ def grpo_loss(
     loss = aggregate(per_token, mask, aggregation, max_tokens)
 
     with torch.no_grad():
-        keep = mask.bool()
-        adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
         metrics = {
             "loss": float(loss.detach()),
             "kl": _masked_mean(kl, mask) if kl is not None else 0.0,
             "clip_fraction": _masked_mean(clipped, mask),
             "ratio_mean": _masked_mean(ratio, mask),
-            "ratio_max": float(ratio[keep].max()) if keep.any() else 1.0,
-            "advantage_mean": _masked_mean(adv.expand_as(ratio), mask),
             "tis_weight_mean": _masked_mean(weight, mask) if weight is not None else 1.0,
             "tis_capped_fraction": _masked_mean(weight >= tis_cap, mask) if weight is not None else 0.0,
-            "tokens": float(keep.sum()),
+            "tokens": float(mask.bool().sum()),
         }
     return loss, metrics
 

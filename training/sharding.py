@@ -1,8 +1,8 @@
 """A backbone too big for one card: its frozen base weights sharded over the processes with FSDP2.
 
-    shard_backbone(backbone, ranks, offload=False)   # after Backbone.from_model, before any optimizer
+    backbone = Backbone.load(ModelConfig(fsdp=True), adapters, ranks)  # shards through shard_model
     ...every rank generates at its own pace...
-    backbone.lockstep.drain()                         # end of a phase: wait for the other ranks' passes
+    backbone.lockstep.drain()               # end of a phase: wait for the other ranks' passes
 
 torch's `fully_shard` (FSDP2) is applied to every decoder layer and to the whole model; each rank keeps
 1/N of every base weight and all-gathers a layer's weights just before it runs. The LoRA adapters are
@@ -19,6 +19,9 @@ rank whose episodes are done serves empty passes until every rank is done (HF's 
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -63,26 +66,38 @@ def ensure_process_group(device: str) -> bool:
     return True
 
 
-def shard_backbone(backbone, ranks: Ranks, *, offload: bool = False) -> None:
-    """Shard `backbone`'s base weights over the ranks' devices (see the module doc). The model may sit
-    on the CPU: each layer's shard moves to the rank's device as it is sharded, the adapters after."""
+@dataclass(frozen=True)
+class Sharding:
+    """How a backbone's base weights are held when they are sharded: what Backbone keeps from shard_model."""
+
+    device: torch.device  # this rank's device, where the shards and the adapters live
+    lockstep: Lockstep = field(repr=False)
+    owns_process_group: bool = False  # started a one-rank group here, which Backbone.close takes down
+
+
+def shard_model(
+    model, adapters: Collection[torch.nn.Parameter], ranks: Ranks, *, pad_id: int, offload: bool = False
+) -> Sharding:
+    """Shard the base weights of `model` (a PeftModel) over the ranks' devices, leaving the LoRA
+    parameters `adapters` whole (see the module doc). The model may sit on the CPU: each layer's shard
+    moves to the rank's device as it is sharded, the adapters after. `pad_id` feeds the empty passes."""
     device = torch.device(ranks.device)
     if offload and device.type != "cuda":
         raise ValueError(
             "model.fsdp_offload=true keeps the shards in CPU memory for a GPU to fetch: it needs "
             "model.device=cuda (on a CPU the shards already live in CPU memory: drop fsdp_offload)"
         )
-    model = backbone.model.get_base_model()  # the transformers model inside PEFT's wrapper
-    units = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in units]
+    base = model.get_base_model()  # the transformers model inside PEFT's wrapper
+    units = set(getattr(base, "_no_split_modules", None) or ())
+    layers = [m for m in base.modules() if type(m).__name__ in units]
     if not layers:
         raise ValueError(
-            f"{type(model).__name__} names no decoder layer class (_no_split_modules): model.fsdp "
+            f"{type(base).__name__} names no decoder layer class (_no_split_modules): model.fsdp "
             "shards transformers models that do"
         )
     started = ensure_process_group(str(device))
     mesh = torch.distributed.device_mesh.init_device_mesh(device.type, (ranks.size,))
-    adapters = {p for role in backbone.adapters for p in backbone.trainable_parameters(role)}
+    adapters = set(adapters)
     with torch.no_grad():  # FSDP moves what it manages (shards, buffers) to the device, not these
         for p in adapters:
             p.data = p.data.to(device)
@@ -96,15 +111,10 @@ def shard_backbone(backbone, ranks: Ranks, *, offload: bool = False) -> None:
     }
     for layer in layers:
         fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
-    backbone.device = device
-    backbone.sharded = True
-    backbone.owns_process_group = started
-    pad = backbone.tokenizer.pad_token_id
-    pad = backbone.tokenizer.eos_token_id if pad is None else pad
+    fully_shard(base, **kwargs)
 
     def empty_pass() -> None:
         with torch.no_grad():
-            backbone.model(input_ids=torch.tensor([[pad]], device=device), use_cache=False)
+            model(input_ids=torch.tensor([[pad_id]], device=device), use_cache=False)
 
-    backbone.lockstep = Lockstep(ranks, empty_pass)
+    return Sharding(device, Lockstep(ranks, empty_pass), owns_process_group=started)

@@ -1,8 +1,8 @@
 """The policy update: every role's adapter trained on its own turns, one optimizer step for all.
 
-    trainer = PolicyTrainer(backbone, TrainerSettings(lr={"meta_thinker": 1e-4, "executor": 1e-4}, ...))
-    stats = trainer.grpo_step(turns)     # turns from a rollout batch, rewards filled in
-    stats = trainer.sft_step(turns)      # demonstrations: same turns, same masks
+    trainer = PolicyTrainer(backbone, {"meta_thinker": 1e-4, "executor": 1e-4}, grpo=GRPOSettings())
+    metrics = trainer.grpo_step(turns)   # turns of a rollout batch, each with its advantage
+    metrics = trainer.sft_step(turns)    # demonstrations: same turns, same masks
 
 Roles own disjoint LoRA parameters, so each role accumulates gradients over its micro-batches with
 its adapter active, then a single AdamW step (one parameter group, one learning rate per role)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from accelerate import Accelerator
@@ -24,68 +24,62 @@ from accelerate import Accelerator
 from training.backbone import Backbone
 from training.batch import TurnBatch, collate, completion_logits, micro_batches
 from training.distributed import Ranks
-from training.grpo import (
-    GRPOSettings,
-    entropy_from_logits,
-    group_advantages,
-    grpo_loss,
-    sft_loss,
-    token_logprobs,
-    zero_variance_groups,
-)
+from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
 from training.types import Turn
 
 
-@dataclass(frozen=True)
-class TrainerSettings:
-    lr: Mapping[str, float]  # per role: roles learn at different speeds
-    temperature: Mapping[str, float] = field(
-        default_factory=dict
-    )  # per role sampling temperature (default 1)
-    grpo: GRPOSettings = field(default_factory=GRPOSettings)
-    micro_batch_size: int = 8  # turns per forward/backward; gradients accumulate over micro-batches
-    max_grad_norm: float = 1.0  # per role
-    weight_decay: float = 0.0
+@dataclass
+class UpdateSettings:
+    """How an optimizer step is taken (the `train:` settings the trainer reads)."""
+
+    micro_batch_size: int = 8  # turns per forward/backward; gradients accumulate per role
+    max_grad_norm: float = 1.0  # each role's gradient is clipped to this norm
     warmup_steps: int = 0  # linear warm-up of every role's learning rate
-    # Keep only each decoder layer's input for backward and recompute the rest: less memory per turn,
-    # one more forward pass of the adapted layers per micro-batch.
+    weight_decay: float = 0.0  # AdamW's
+    # true: keep only each decoder layer's input for backward and recompute the rest: less memory per
+    # turn, one more forward pass of the adapted layers per micro-batch (about 1/3 slower)
     gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
-        for role, lr in self.lr.items():
-            if not lr > 0:
-                raise ValueError(f"lr for role {role!r} must be > 0, got {lr}")
         if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-
-
-@dataclass(frozen=True)
-class StepResult:
-    metrics: dict[str, float]  # "role/<name>/<metric>" and "train/<metric>"
-    advantages: list[float]  # one per input turn, in order (0 for filtered turns)
+            raise ValueError(f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
 
 
 class PolicyTrainer:
+    """`lr`: each role's learning rate (roles learn at different speeds). `temperature`: each role's
+    sampling temperature, at which its tokens are scored (0, greedy, scores at 1: the rollout backends
+    record greedy logprobs there); default 1."""
+
     def __init__(
         self,
         backbone: Backbone,
-        settings: TrainerSettings,
+        lr: Mapping[str, float],
+        *,
+        temperature: Mapping[str, float] | None = None,
+        grpo: GRPOSettings | None = None,
+        update: UpdateSettings | None = None,
         accelerator: Accelerator | None = None,
         ranks: Ranks | None = None,
     ):
-        missing = [r for r in backbone.adapters if r not in settings.lr]
+        missing = [r for r in backbone.adapters if r not in lr]
         if missing:
             raise ValueError(f"no learning rate for roles {missing}; set one per role")
+        for role, rate in lr.items():
+            if not rate > 0:
+                raise ValueError(f"lr for role {role!r} must be > 0, got {rate}")
         self.backbone = backbone
-        self.settings = settings
+        self.lr = dict(lr)
+        self.temperature = {r: t if t > 0 else 1.0 for r, t in (temperature or {}).items()}
+        self.grpo = grpo or GRPOSettings()
+        self.update = update or UpdateSettings()
         self.ranks = ranks or Ranks()
         self.accelerator = accelerator or Accelerator(cpu=backbone.device.type == "cpu")
         groups = [
-            {"params": backbone.trainable_parameters(role), "lr": settings.lr[role], "name": role}
+            {"params": backbone.trainable_parameters(role), "lr": self.lr[role], "name": role}
             for role in backbone.adapters
         ]
-        optimizer = torch.optim.AdamW(groups, weight_decay=settings.weight_decay)
-        warmup = settings.warmup_steps
+        optimizer = torch.optim.AdamW(groups, weight_decay=self.update.weight_decay)
+        warmup = self.update.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
         )
@@ -93,67 +87,29 @@ class PolicyTrainer:
         # training.distributed. The backbone already sits on this rank's device.
         self.model = backbone.model
         self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
-        if settings.gradient_checkpointing:
+        if self.update.gradient_checkpointing:
             # Non-reentrant checkpoints need no input that requires grad (the embeddings are frozen);
             # generation runs in eval mode, where transformers skips checkpointing.
             backbone.model.base_model.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self._stepped_roles: set[str] = set()  # roles some rank trains in the current step
-        self.pad_id = backbone.tokenizer.pad_token_id
-        if self.pad_id is None:
-            self.pad_id = backbone.tokenizer.eos_token_id
 
     # ---- GRPO --------------------------------------------------------------------------------
 
-    def advantages(self, turns: Sequence[Turn]) -> tuple[list[float], set[tuple[str, str]]]:
-        """Advantage per turn, normalised within (role, task) groups over episodes.
-
-        A role's several turns in one episode share that episode's reward: each episode counts
-        once in its group's statistics. Returns the advantages and the zero-variance groups.
-        """
-        episodes: dict[tuple[str, str, int], float] = {}
+    def grpo_step(self, turns: Sequence[Turn]) -> dict[str, float]:
+        """One optimizer step on `turns`, each carrying its advantage (see training.grpo.trainable_turns
+        for which turns to pass). Returns "role/<name>/<metric>" and "train/<metric>" metrics."""
+        by_role: dict[str, list[Turn]] = defaultdict(list)
         for t in turns:
-            episodes.setdefault((t.role, t.group, t.episode), t.reward)
-        keys = list(episodes)
-        rewards = [episodes[k] for k in keys]
-        group_keys = [(role, group) for role, group, _ in keys]
-        adv = group_advantages(rewards, group_keys, scale=self.settings.grpo.scale_advantages)
-        by_episode = dict(zip(keys, adv, strict=True))
-        flat = zero_variance_groups(rewards, group_keys)
-        return [by_episode[(t.role, t.group, t.episode)] for t in turns], flat
-
-    def grpo_step(self, turns: Sequence[Turn]) -> StepResult:
-        g = self.settings.grpo
-        advantages, flat = self.advantages(turns)
-        keep = [
-            i
-            for i, t in enumerate(turns)
-            if not (g.filter_zero_variance and (t.role, t.group) in flat) and any(t.loss_mask)
-        ]
-        metrics: dict[str, float] = {
-            "train/turns": float(len(turns)),
-            "train/filtered_turns": float(len(turns) - len(keep)),
-        }
-        by_role: dict[str, list[int]] = defaultdict(list)
-        for i in keep:
-            by_role[turns[i].role].append(i)
-        role_turns = {role: [turns[i] for i in idx] for role, idx in by_role.items()}
-        totals = self._global_sizes(role_turns)
-        adv = {id(turns[i]): advantages[i] for i in keep}
-        for role, chunks in self._role_chunks(role_turns, whole_episodes=g.ratio_level == "sequence"):
-            metrics.update(self._grpo_role(role, chunks, adv, *totals[role]))
+            by_role[t.role].append(t)
+        totals = self._global_sizes(by_role)
+        metrics: dict[str, float] = {}
+        for role, chunks in self._role_chunks(by_role, whole_episodes=self.grpo.ratio_level == "sequence"):
+            metrics.update(self._grpo_role(role, chunks, *totals[role]))
             self._count_empty(metrics, chunks)
-        kept = set(keep)
-        for role in self.backbone.adapters:
-            idx = [i for i, t in enumerate(turns) if t.role == role]
-            if idx:
-                metrics[f"role/{role}/reward"] = sum(turns[i].reward for i in idx) / len(idx)
-                metrics[f"role/{role}/advantage"] = sum(advantages[i] for i in idx) / len(idx)
-                metrics[f"role/{role}/advantage_abs"] = sum(abs(advantages[i]) for i in idx) / len(idx)
-                metrics[f"role/{role}/filtered_fraction"] = sum(i not in kept for i in idx) / len(idx)
         metrics.update(self._optimizer_step())
-        return StepResult(metrics, [advantages[i] if i in kept else 0.0 for i in range(len(turns))])
+        return metrics
 
     def _global_sizes(self, by_role: Mapping[str, Sequence[Turn]]) -> dict[str, tuple[int, int]]:
         """(turns, loss tokens) of each role over every rank: the normalisers of the whole batch."""
@@ -174,7 +130,7 @@ class PolicyTrainer:
         order. On a sharded backbone under several ranks every rank gets as many per role as the rank
         with the most: None pads with an empty pass (a forward pass is a collective there)."""
         roles = [r for r in self.backbone.adapters if r in self._stepped_roles]
-        size = self.settings.micro_batch_size
+        size = self.update.micro_batch_size
         chunks: dict[str, list] = {
             r: micro_batches(by_role.get(r, ()), size, whole_episodes=whole_episodes) for r in roles
         }
@@ -193,8 +149,9 @@ class PolicyTrainer:
     def _empty_pass(self, role: str, temperature: float, reference: bool) -> None:
         """The passes of a micro-batch (forward, `reference` forward, backward) adding nothing to any
         gradient."""
-        turn = Turn(role, "", (self.pad_id,), (self.pad_id,), (0,), (0.0,))
-        batch = collate([turn], self.pad_id, self.accelerator.device)
+        pad = self.backbone.pad_id
+        turn = Turn(role, "", (pad,), (pad,), (0,), (0.0,))
+        batch = collate([turn], pad, self.accelerator.device)
         logits = completion_logits(self.model, batch)
         if reference:
             self._reference_logprobs(batch, temperature)
@@ -204,12 +161,11 @@ class PolicyTrainer:
         self,
         role: str,
         chunks: list[list[Turn] | None],
-        adv: dict[int, float],
         total_rows: int,
         total_tokens: int,
     ) -> dict[str, float]:
-        g = self.settings.grpo
-        temperature = self.settings.temperature.get(role, 1.0)
+        g = self.grpo
+        temperature = self.temperature.get(role, 1.0)
         self.backbone.activate(role)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
@@ -217,8 +173,8 @@ class PolicyTrainer:
             if chunk is None:
                 self._empty_pass(role, temperature, reference=g.beta > 0)
                 continue
-            batch = collate(chunk, self.pad_id, self.accelerator.device)
-            advantages = torch.tensor([adv[id(t)] for t in chunk], device=batch.targets.device)
+            batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
+            advantages = torch.tensor([t.advantage for t in chunk], device=batch.targets.device)
             logits = completion_logits(self.model, batch)  # [B, K, V]
             logprobs = token_logprobs(logits, batch.targets, temperature)
             ref = self._reference_logprobs(batch, temperature) if g.beta > 0 else None
@@ -274,7 +230,7 @@ class PolicyTrainer:
 
     # ---- SFT ---------------------------------------------------------------------------------
 
-    def sft_step(self, turns: Sequence[Turn]) -> StepResult:
+    def sft_step(self, turns: Sequence[Turn]) -> dict[str, float]:
         """Maximum likelihood on the generated (mask 1) tokens of demonstration turns, per role."""
         metrics: dict[str, float] = {"train/turns": float(len(turns))}
         by_role: dict[str, list[Turn]] = defaultdict(list)
@@ -291,7 +247,7 @@ class PolicyTrainer:
                 if chunk is None:
                     self._empty_pass(role, 1.0, reference=False)
                     continue
-                batch = collate(chunk, self.pad_id, self.accelerator.device)
+                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
                 logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
                 loss = sft_loss(logprobs, batch.loss_mask)
                 weight = float(batch.loss_mask.sum()) / max(total_tokens, 1)
@@ -301,7 +257,7 @@ class PolicyTrainer:
                 metrics[f"role/{role}/sft_nll"] = nll
                 metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in by_role[role]))
         metrics.update(self._optimizer_step())
-        return StepResult(metrics, [0.0] * len(turns))
+        return metrics
 
     # ---- shared ------------------------------------------------------------------------------
 
@@ -313,7 +269,7 @@ class PolicyTrainer:
         for group in self.optimizer.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
-                norm = self.accelerator.clip_grad_norm_(params, self.settings.max_grad_norm)
+                norm = self.accelerator.clip_grad_norm_(params, self.update.max_grad_norm)
                 metrics[f"role/{group['name']}/grad_norm"] = float(norm)
             metrics[f"role/{group['name']}/lr"] = float(group["lr"])
         self.optimizer.step()

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    temperature: float = 0.7  # 0 means greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 256
+    """How one request samples. A role's configured sampling is `roles.<role>.sampling`; the episode
+    turns it into these, with the stops and the token budget of the moment."""
+
+    temperature: float  # 0 means greedy
+    max_new_tokens: int
+    top_p: float = 1.0  # 1: the whole distribution (no nucleus)
     stop: tuple[str, ...] = ()  # generation ends after the first of these appears in the decoded text
 
 
@@ -19,7 +22,7 @@ class SamplingParams:
 class GenerationRequest:
     adapter: str | None  # role adapter name; None runs the bare backbone
     prompt_ids: tuple[int, ...]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams
     seed: int | None = None  # per-request seed makes a request reproducible whatever batch it is in
 
 
@@ -48,6 +51,7 @@ class Turn:
     logprobs: tuple[float, ...]  # rollout logprobs; 0.0 where loss_mask is 0
     reward: float = 0.0
     episode: int = -1  # episode index within its batch, to tie turns of one episode together
+    advantage: float = 0.0  # GRPO: the episode's reward normalised within its (role, group) group
 
 
 class GenerationBackend(Protocol):

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks.arith import make_arith_tasks
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
 from meta_agent.tasks.types import Task
+
+T = TypeVar("T")
 
 DATA_ENV = "META_AGENT_DATA"
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -51,11 +55,11 @@ def load_tasks(
     FileNotFoundError (naming the path) for a missing data file.
     """
     if name not in KNOWN_TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(KNOWN_TASKS)}")
+        raise SettingError(f"unknown task {name!r}; known tasks: {', '.join(KNOWN_TASKS)}")
     if split not in KNOWN_TASKS[name]:
-        raise ValueError(f"task {name!r} has splits {KNOWN_TASKS[name]}, not {split!r}")
+        raise SettingError(f"task {name!r} has splits {KNOWN_TASKS[name]}, not {split!r}")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+        raise SettingError(f"limit must be >= 0 or None, got {limit}")
     if name == "arith":
         return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
@@ -79,7 +83,7 @@ def resolve_data_dir(data_dir: Path | str | None = None) -> Path:
 
 def _read_jsonl(path: Path, what: str):
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFile(
             f"{what}: data file {path} not found. Put {path.parent.name}/{path.name} there "
             f"(sources in data/README.md of the repository), or point {DATA_ENV} or data_dir "
             f"at a folder that holds it."
@@ -91,12 +95,12 @@ def _read_jsonl(path: Path, what: str):
             try:
                 yield json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
+                raise BadData(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
 
 
 def _field(row: dict[str, Any], key: str, task_id: str) -> Any:
     if key not in row:
-        raise ValueError(f"{task_id}: row has no {key!r} field (fields: {sorted(row)})")
+        raise BadData(f"{task_id}: row has no {key!r} field (fields: {sorted(row)})")
     return row[key]
 
 
@@ -104,7 +108,7 @@ def _gsm8k(row: dict[str, Any], task_id: str, source: str) -> Task:
     solution = _field(row, "answer", task_id)
     answer = extract_gsm8k_answer(solution)
     if answer is None:
-        raise ValueError(f"{task_id}: answer has no '#### <number>' line: {solution[-80:]!r}")
+        raise BadData(f"{task_id}: answer has no '#### <number>' line: {solution[-80:]!r}")
     return Task(task_id, _field(row, "question", task_id), answer, source, {"solution": solution})
 
 
@@ -134,3 +138,15 @@ _ROW_READERS: dict[str, Callable[[dict[str, Any], str, str], Task]] = {
     "aime24": _competition,
     "amc23": _competition,
 }
+
+
+def next_tasks(pool: Sequence[T], pos: int, n: int, seed: int) -> list[T]:
+    """Items pos..pos+n of an endless stream over `pool`: the pool reshuffled (seeded) every epoch, so a
+    run that stops at position pos continues exactly where it left off."""
+    out = []
+    for i in range(pos, pos + n):
+        epoch, j = divmod(i, len(pool))
+        order = list(range(len(pool)))
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        out.append(pool[order[j]])
+    return out

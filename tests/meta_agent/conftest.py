@@ -10,7 +10,7 @@ import pytest
 from memory.embedders import SentenceEmbedder
 from memory.types import MemoryHit
 from meta_agent.chat import ChatFormat
-from meta_agent.config import load_config, role_specs
+from meta_agent.config import load_config
 from meta_agent.episode import Episode, Limits
 from meta_agent.tasks import Task, grade, make_arith_tasks
 from roles import RoleSpec
@@ -37,7 +37,7 @@ def answer(value: str) -> str:
 @pytest.fixture(scope="session")
 def role_sets() -> dict[str, list[RoleSpec]]:
     """The RoleSpecs of each configs/roles/*.yaml, built from the real config."""
-    return {name: role_specs(load_config([f"roles={name}"])) for name in ROLE_CONFIGS}
+    return {name: load_config([f"roles={name}"]).role_list for name in ROLE_CONFIGS}
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +64,7 @@ def make_episode(role_sets, chat, registry) -> Callable[..., Episode]:
     def make(
         roles: str = "hierarchy",
         *,
-        limits: Limits = Limits(),
+        limits: Limits | None = None,
         task: Task = TASK,
         memories: Sequence[MemoryHit] = (),
         final_reflection: bool = True,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import meta_agent.cli
 from meta_agent.cli import main
 
 QUESTION = "A depot holds 728 crates with 734 bolts in each crate. A delivery brings 21,139 more bolts. How many bolts does the depot hold now?"
@@ -108,6 +109,18 @@ def test_bad_input_is_one_clear_error(override, message, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 2
     assert "error:" in out and message in out.replace("\n", "")
+
+
+def test_an_internal_bug_keeps_its_traceback(monkeypatch, tmp_path):
+    """Only the user's mistakes become one line: a ValueError from a bug (a zip(strict=True) that does
+    not match, say) propagates with its traceback."""
+
+    def broken(*args, **kwargs):
+        return list(zip([1, 2], [3], strict=True))
+
+    monkeypatch.setattr(meta_agent.cli, "build_system", broken)
+    with pytest.raises(ValueError, match="zip"):
+        main(["eval", f"run_dir={tmp_path / 'run'}", "memory.enabled=false"])
 
 
 def test_vllm_refuses_nucleus_sampling_before_anything_loads(tmp_path, capsys):

@@ -38,7 +38,7 @@ def play_happy(ep) -> None:
 def test_hierarchy_happy_path(make_episode, chat, role_sets):
     ep = make_episode("hierarchy")
     assert (ep.current_role, ep.current.kind, ep.round) == ("meta_thinker", "plan", 0)
-    assert ep.request().stop == ("</plan>",)
+    assert ep.request().sampling.stop == ("</plan>",)
     assert TASK.question in ep.observation()
     assert "Lessons from similar problems" not in ep.observation()
 
@@ -49,7 +49,7 @@ def test_hierarchy_happy_path(make_episode, chat, role_sets):
     assert "Plan from the meta-thinker:\nmultiply then add" in prompt_text(chat, exe)
     assert TASK.question in prompt_text(chat, exe)
     assert "calculator" in prompt_text(chat, exe)  # the registry's tool descriptions are in the system prompt
-    assert ep.request().stop == ("</tool_call>", "</answer>")
+    assert ep.request().sampling.stop == ("</tool_call>", "</answer>")
 
     # A rollout segment that ends with a tool call: the env runs the calculator and appends the result.
     call_ids = chat.encode(CALC)
@@ -72,7 +72,7 @@ def test_hierarchy_happy_path(make_episode, chat, role_sets):
     assert (exe.answer, exe.format_ok) == (TASK.answer, True)
     reflect = ep.current
     assert (reflect.role, reflect.kind, reflect.round) == ("meta_thinker", "reflect", 0)
-    assert ep.request().stop == ("</verdict>", "</plan>")
+    assert ep.request().sampling.stop == ("</verdict>", "</plan>")
     seen = prompt_text(chat, reflect)
     assert "[executor]" in seen and observation.strip() in seen
     assert f"Its final answer: {TASK.answer}" in seen
@@ -353,7 +353,9 @@ def test_token_budget_ends_the_episode_truncated(make_episode, chat):
     ep = make_episode("hierarchy", limits=Limits(max_new_tokens=40))
     ep.advance_text(PLAN)
     used = len(chat.encode(PLAN))
-    assert ep.request().max_new_tokens == 40 - used  # the executor's cap is what is left of the budget
+    assert (
+        ep.request().sampling.max_new_tokens == 40 - used
+    )  # the executor's cap is what is left of the budget
     ep.advance_text("Let me think. " * 10 + "It may be 12.")  # no answer tags, past the budget
     assert ep.done and ep.truncated
     assert [t.kind for t in ep.turns] == ["plan", "execute"]  # no reflection was started

@@ -6,13 +6,15 @@ from dataclasses import replace
 
 import pytest
 
+from memory.settings import MemorySettings
 from memory.store import FaissMemory
 from meta_agent.episode import Episode, Limits
-from meta_agent.runner import EpisodeFactory, MemorySettings, play, request_seed
+from meta_agent.rank_protocol import commit_lessons
+from meta_agent.runner import EpisodeFactory, play, request_seed
 from meta_agent.tasks import Task, grade
 from tests.meta_agent.conftest import PLAN, TASKS, answer, tool_call
-from training.generation import make_backend
-from training.types import SamplingParams
+from training.distributed import Ranks
+from training.generation import HFBackend
 
 SEGMENT_TOKENS = 8  # per generation call: keeps the random model's babble short
 LIMITS = Limits(max_new_tokens=96)  # room for the scripted tool call, and a cap on the babble
@@ -41,13 +43,8 @@ def roles(role_sets):
 
 
 @pytest.fixture
-def sampling(roles):
-    return {r.name: SamplingParams(temperature=r.sampling.temperature, top_p=r.sampling.top_p) for r in roles}
-
-
-@pytest.fixture
 def backend(tiny_backbone):
-    return make_backend("hf", tiny_backbone)
+    return HFBackend(tiny_backbone)
 
 
 @pytest.fixture
@@ -68,7 +65,7 @@ def tokens(episodes: list[Episode]) -> list[list[list[int]]]:
     return [[t.completion_ids for t in ep.turns] for ep in episodes]
 
 
-def test_play_batches_both_roles_to_the_end(factory, backend, sampling, monkeypatch):
+def test_play_batches_both_roles_to_the_end(factory, backend, monkeypatch):
     episodes = staggered(factory)
     real = backend.generate
     batches = []
@@ -77,12 +74,13 @@ def test_play_batches_both_roles_to_the_end(factory, backend, sampling, monkeypa
         live = [ep for ep in episodes if not ep.done]
         assert [r.adapter for r in requests] == [ep.current_role for ep in live]
         assert [r.prompt_ids for r in requests] == [ep.request().prompt_ids for ep in live]
+        assert [r.sampling for r in requests] == [ep.request().sampling for ep in live]
         batches.append([r.adapter for r in requests])
         return real(requests)
 
     monkeypatch.setattr(backend, "generate", spy)
     steps = []
-    calls = play(episodes, backend, sampling, seed=0, on_step=steps.append)
+    calls = play(episodes, backend, seed=0, on_step=steps.append)
 
     assert calls == len(batches) >= 2 and steps == list(range(1, calls + 1))
     assert all(ep.done for ep in episodes)
@@ -101,18 +99,25 @@ def test_play_batches_both_roles_to_the_end(factory, backend, sampling, monkeypa
     assert any(lp < 0 for lp in sampled)  # real rollout logprobs came back from the backend
 
 
-def test_play_is_deterministic_for_a_seed(factory, backend, sampling):
+def test_play_is_deterministic_for_a_seed(factory, backend):
     first, again, other = staggered(factory), staggered(factory), staggered(factory)
-    play(first, backend, sampling, seed=3)
-    play(again, backend, sampling, seed=3)
-    play(other, backend, sampling, seed=4)
+    play(first, backend, seed=3)
+    play(again, backend, seed=3)
+    play(other, backend, seed=4)
     assert tokens(first) == tokens(again)
     assert tokens(first) != tokens(other)
     # A request's seed depends on its episode and step, not on the batch: alone, the first episode
     # samples what it sampled among the others.
     alone = [factory.new(TASKS[0])]
-    play(alone, backend, sampling, seed=3)
+    play(alone, backend, seed=3)
     assert tokens(alone) == tokens(first[:1])
+
+
+def test_a_temperature_overrides_every_roles_own(factory, backend, monkeypatch):
+    real, seen = backend.generate, []
+    monkeypatch.setattr(backend, "generate", lambda requests: seen.extend(requests) or real(requests))
+    play([factory.new(TASKS[0])], backend, seed=0, temperature=0.0)
+    assert seen and all(r.sampling.temperature == 0.0 for r in seen)
 
 
 def test_request_seed_is_stable_and_distinct():
@@ -131,17 +136,17 @@ def memory(minilm):
     memory.close()
 
 
-def test_lessons_are_committed_after_the_batch(roles, chat, registry, memory, backend, sampling):
+def test_lessons_are_committed_after_the_batch(roles, chat, registry, memory, backend):
     factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory=memory)
     batch = [factory.new(TASKS[0])]
     script(batch[0])  # finished, with a lesson, before the rest of the batch even starts
     assert batch[0].lesson == LESSON
     batch += [factory.new(task) for task in TASKS[1:]]
-    play(batch, backend, sampling, seed=0)
+    play(batch, backend, seed=0)
 
     assert all(ep.done and ep.memories == [] for ep in batch)
     assert len(memory) == 0, "nothing is written while the batch plays"
-    written = factory.commit_lessons(batch)
+    written = commit_lessons(memory, factory.lessons(batch), Ranks())
     assert written == sum(1 for ep in batch if ep.lesson) >= 1 and len(memory) == written
     hit = next(h for h in memory.search(LESSON, k=5) if h.entry.text == LESSON)
     assert (hit.entry.kind, hit.entry.task, hit.entry.reward) == ("lesson", TASKS[0].id, 1.0)
@@ -156,16 +161,16 @@ def test_commit_lessons_settings(roles, chat, registry, memory):
         factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory, settings)
         ep = factory.new(TASKS[0])
         script(ep, **script_kw)
-        return factory.commit_lessons([ep])
+        return commit_lessons(memory, factory.lessons([ep]), Ranks())
 
     assert commit(MemorySettings(write_lessons=False)) == 0
     assert commit(MemorySettings(), lesson=None) == 0  # no <lesson>, nothing to write
-    assert commit(MemorySettings(min_reward_to_write=0.5), correct=False) == 0
     assert len(memory) == 0
-    assert commit(MemorySettings(min_reward_to_write=0.5)) == 1
+    assert commit(MemorySettings()) == 1
     assert commit(MemorySettings(), correct=False) == 1
     assert sorted(h.entry.reward for h in memory.search(LESSON, k=5)) == [-1.0, 1.0]
 
-    hidden = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory, MemorySettings(top_k=0))
-    assert hidden.new(TASKS[1]).memories == []
-    assert EpisodeFactory(roles, chat, registry, grade, LIMITS).commit_lessons([]) == 0
+    for hidden in (MemorySettings(top_k=0), MemorySettings(enabled=False)):
+        factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory, hidden)
+        assert factory.new(TASKS[1]).memories == []
+    assert EpisodeFactory(roles, chat, registry, grade, LIMITS).lessons([]) == []

@@ -9,8 +9,8 @@ import torch
 
 import meta_agent.cli
 from meta_agent.cli import main
-from meta_agent.config import load_config, role_specs
-from meta_agent.system import adapter_configs, build_system, model_config
+from meta_agent.config import load_config
+from meta_agent.system import build_system
 from tests.meta_agent.test_cli import QUESTION
 from tests.meta_agent.test_sft_source import adapter_state, squash
 from training.backbone import Backbone
@@ -26,7 +26,7 @@ FAST = [
 def save_changed_adapters(model_dir, folder, seed: int) -> dict[str, torch.Tensor]:
     """Adapters of the configured roles with every weight redrawn, saved to `folder`; returns them."""
     cfg = load_config([f"model.path={model_dir}"])
-    backbone = Backbone.load(model_config(cfg), adapter_configs(role_specs(cfg)))
+    backbone = Backbone.load(cfg.model, cfg.role_adapters, seed=cfg.seed)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for role in backbone.adapters:

@@ -15,11 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from meta_agent.config import load_config, role_specs
-from meta_agent.system import adapter_configs, model_config
+from meta_agent.config import load_config
 from tests.meta_agent.test_cli import run_cli
 from tests.meta_agent.test_train_cli import TINY
-from training.backbone import Backbone, build_tiny_model
+from tests.tiny_model import build_tiny_model
+from training.backbone import Backbone
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ("meta_thinker", "executor")
@@ -62,7 +62,7 @@ def nonzero_adapters(model_dir: Path, tmp_path_factory) -> Path:
     """Nonzero adapters to start from: every reward of the random tiny model is the same (advantage 0),
     so the gradient of GRPO steps comes from the KL to the adapter-free backbone (grpo.beta)."""
     cfg = load_config([f"model.path={model_dir}"])
-    backbone = Backbone.load(model_config(cfg), adapter_configs(role_specs(cfg)))
+    backbone = Backbone.load(cfg.model, cfg.role_adapters, seed=cfg.seed)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for role in ROLES:

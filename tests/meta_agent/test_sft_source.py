@@ -10,8 +10,9 @@ from peft import get_peft_model_state_dict
 
 from meta_agent.cli import main
 from meta_agent.config import load_config
+from meta_agent.sft import run_sft, sft_turns
 from meta_agent.system import build_system
-from meta_agent.train import Stage, run_sft, sft_turns
+from training.distributed import Ranks
 from training.run_log import RunLog
 
 SFT = [
@@ -42,7 +43,7 @@ def train_sft(overrides: list[str], ckpt_root) -> tuple[dict, dict]:
     cfg = load_config(overrides)
     system = build_system(cfg)
     before = adapter_state(system.backbone)
-    run_sft(cfg, system, sft_turns(cfg, system), RunLog(ckpt_root, enabled=False), {}, Stage(), ckpt_root)
+    run_sft(cfg, system, sft_turns(cfg, system), RunLog(ckpt_root, enabled=False), {}, ckpt_root, Ranks())
     return before, adapter_state(system.backbone)
 
 

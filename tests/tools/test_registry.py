@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from tools import Calculator, ToolRegistry, build_registry, default_registry, parse_tool_call
+from tools import (
+    Calculator,
+    SandboxLimits,
+    ToolRegistry,
+    ToolSettings,
+    build_registry,
+    default_registry,
+    parse_tool_call,
+)
 from tools.types import BAD_CALL, FAILED, ToolResult
 
 
@@ -114,9 +122,9 @@ def test_register_rejects_duplicates_and_non_tools() -> None:
 
 
 def test_build_registry_from_names() -> None:
-    registry = build_registry(["python", "calculator"], sandbox={"timeout_s": 2.0})
+    registry = build_registry(["python", "calculator"], settings=ToolSettings(SandboxLimits(timeout_s=2.0)))
     assert registry.names() == ["python", "calculator"]
-    assert registry.get("python").timeout_s == 2.0  # type: ignore[attr-defined]
+    assert registry.get("python").limits.timeout_s == 2.0  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="unknown tool 'search'"):
         build_registry(["search"])
     with pytest.raises(ValueError, match="needs a memory"):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.sandbox import PythonSandbox
+from tools.sandbox import PythonSandbox, SandboxLimits
 from tools.types import FAILED, MEMORY_EXCEEDED, TIMEOUT, ToolResult
 
 
@@ -35,7 +35,7 @@ needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="cannot create name
 
 
 def run(code: str, **settings: float) -> ToolResult:
-    return PythonSandbox(**settings)({"code": code})  # type: ignore[arg-type]
+    return PythonSandbox(SandboxLimits(**settings))({"code": code})  # type: ignore[arg-type]
 
 
 def _processes_with(tag: str) -> list[int]:
@@ -281,9 +281,9 @@ for i in range(200):
 
 
 def test_argument_errors_are_bad_calls() -> None:
-    sandbox = PythonSandbox(max_code_chars=100)
+    sandbox = PythonSandbox(SandboxLimits(max_code_chars=100))
     assert sandbox({"code": "x" * 101}).error == "bad_call"
     assert sandbox({"code": "   "}).error == "bad_call"
     assert sandbox({"code": "print(1)\x00"}).error == "bad_call"
     with pytest.raises(ValueError, match="timeout_s"):
-        PythonSandbox(timeout_s=0)
+        SandboxLimits(timeout_s=0)

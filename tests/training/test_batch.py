@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from training.batch import collate, completion_logprobs, micro_batches
-from training.generation import make_backend
+from tests.training.turns import chat_ids
+from training.batch import collate, completion_logits, micro_batches
+from training.generation import HFBackend
+from training.grpo import token_logprobs
 from training.types import GenerationRequest, SamplingParams, Turn
 
 
@@ -33,10 +35,8 @@ def test_micro_batches_cover_every_turn_once():
 
 def test_trainer_logprobs_match_rollout_logprobs(tiny_backbone, tokenizer):
     """The trainer's forward over a left-padded batch reproduces what generation sampled."""
-    backend = make_backend("hf", tiny_backbone)
-    prompts = [
-        tiny_backbone.chat_prompt_ids([{"role": "user", "content": q}]) for q in ("Hi", "What is 12 * 34?")
-    ]
+    backend = HFBackend(tiny_backbone)
+    prompts = [chat_ids(tokenizer, q) for q in ("Hi", "What is 12 * 34?")]
     requests = [
         GenerationRequest("executor", tuple(p), SamplingParams(temperature=0.7, max_new_tokens=12), seed=i)
         for i, p in enumerate(prompts)
@@ -49,7 +49,9 @@ def test_trainer_logprobs_match_rollout_logprobs(tiny_backbone, tokenizer):
     batch = collate(turns, pad_id=tokenizer.pad_token_id)
     tiny_backbone.activate("executor")
     with torch.no_grad():
-        logprobs = completion_logprobs(tiny_backbone.model, batch, temperature=0.7)
+        logprobs = token_logprobs(
+            completion_logits(tiny_backbone.model, batch), batch.targets, temperature=0.7
+        )
     mask = batch.loss_mask.bool()
     assert torch.allclose(logprobs[mask], batch.old_logprobs[mask], atol=1e-4)
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import training.checkpoint as ckpt
-from training.backbone import AdapterConfig, build_tiny_backbone
+from tests.tiny_model import build_tiny_backbone
+from tests.training.turns import chat_ids, with_advantages
+from training.backbone import AdapterConfig
 from training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -15,8 +17,8 @@ from training.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from training.generation import make_backend
-from training.trainer import PolicyTrainer, TrainerSettings
+from training.generation import HFBackend
+from training.trainer import PolicyTrainer, UpdateSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
 ROLES = ("meta_thinker", "executor")
@@ -30,26 +32,28 @@ def fresh(tokenizer, seed: int = 0, roles=ROLES):
 
 def make_trainer(backbone) -> PolicyTrainer:
     # Warm-up makes the learning rate differ from step to step, so a lost scheduler state shows.
-    settings = TrainerSettings(lr=dict.fromkeys(backbone.adapters, 5e-3), micro_batch_size=4, warmup_steps=3)
-    return PolicyTrainer(backbone, settings)
+    update = UpdateSettings(micro_batch_size=4, warmup_steps=3)
+    return PolicyTrainer(backbone, dict.fromkeys(backbone.adapters, 5e-3), update=update)
 
 
 def rollout(backbone, seed: int) -> list[Turn]:
     """Real sampled turns from the current adapters: 4 episodes per role over two task groups."""
-    backend = make_backend("hf", backbone)
+    backend = HFBackend(backbone)
     keys = [(role, ep) for role in ROLES for ep in range(4)]
-    prompts = [
-        tuple(backbone.chat_prompt_ids([{"role": "user", "content": f"task {ep % 2}"}])) for _, ep in keys
-    ]
+    prompts = [chat_ids(backbone.tokenizer, f"task {ep % 2}") for _, ep in keys]
     requests = [
         GenerationRequest(role, p, SamplingParams(temperature=1.0, max_new_tokens=5), seed=seed * 100 + ep)
         for (role, ep), p in zip(keys, prompts, strict=True)
     ]
     results = backend.generate(requests)
-    return [
-        Turn(role, f"task{ep % 2}", p, r.token_ids, (1,) * len(r.token_ids), r.logprobs, float(ep < 2), ep)
-        for (role, ep), p, r in zip(keys, prompts, results, strict=True)
-    ]
+    return with_advantages(
+        [
+            Turn(
+                role, f"task{ep % 2}", p, r.token_ids, (1,) * len(r.token_ids), r.logprobs, float(ep < 2), ep
+            )
+            for (role, ep), p, r in zip(keys, prompts, results, strict=True)
+        ]
+    )
 
 
 def train_steps(trainer: PolicyTrainer, steps: range) -> None:

@@ -15,15 +15,16 @@ from training.grpo import (
     clipped_surrogate,
     entropy_from_logits,
     group_advantages,
-    group_std,
     grpo_loss,
     importance_ratio,
     kl_k3,
     sft_loss,
     token_logprobs,
+    trainable_turns,
     truncated_is_weight,
     zero_variance_groups,
 )
+from training.types import Turn
 
 LN2, LN5 = math.log(2.0), math.log(5.0)
 MASK = torch.tensor([[1, 1, 0], [1, 0, 0]])  # [2, 3]: row 0 has 2 tokens, row 1 has 1; N = 3
@@ -57,9 +58,25 @@ def test_group_advantages_scale_single_and_flat_groups():
     # b = [3, 3]: flat -> 0, 0;  c = [7]: group of one -> 0
     close(group_advantages(rewards, keys), [-1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
     assert group_advantages(rewards, keys, scale=False) == [-2.0, 0.0, 0.0, 0.0, 2.0, 0.0]
-    assert group_std(rewards, keys) == {a: 2.0, b: 0.0, c: 0.0}
     # flat groups are exactly 0 even when the float mean is not exact: mean(0.1, 0.1, 0.1) != 0.1
     assert group_advantages([0.1, 0.1, 0.1], ["k"] * 3) == [0.0, 0.0, 0.0]
+
+
+def test_trainable_turns_drop_flat_groups_and_turns_without_generated_tokens():
+    def turn(role, group, reward, mask=(1,)):
+        return Turn(role, group, (1,), (2,) * len(mask), mask, (0.0,) * len(mask), reward)
+
+    turns = [
+        turn("executor", "a", 1.0),
+        turn("executor", "a", 0.0),
+        turn("executor", "a", 0.0, mask=(0,)),  # only observation tokens: nothing to learn from
+        turn("meta_thinker", "a", 1.0),  # (meta_thinker, a) = [1, 1]: flat
+        turn("meta_thinker", "a", 1.0),
+        turn("executor", "b", 0.5),  # a group of one: flat
+    ]
+    # (executor, a) = [1, 0, 0] varies: its two turns with a generated token train, in order
+    assert trainable_turns(turns, filter_zero_variance=True) == turns[:2]
+    assert trainable_turns(turns, filter_zero_variance=False) == turns[:2] + turns[3:]
 
 
 def test_group_advantages_length_mismatch_is_an_error():
@@ -215,15 +232,14 @@ def test_grpo_loss_numbers_and_metrics():
     # ratios on masked tokens: 1.5, 1, 0.5 (the masked 7.0 would be e^7 but must not show); A = [1, -1]
     # row 0: ratio 1.5, A 1 -> clipped to 1.28, loss -1.28 (clipped); ratio 1 -> loss -1
     # row 1: ratio 0.5, A -1 -> min(-0.5, -0.8) = -0.8, loss 0.8 (clipped)
-    # token-mean = (-1.28 - 1 + 0.8) / 3 = -0.493333; clip_fraction 2/3; ratio mean 1, max 1.5
-    # advantage_mean over tokens (1 + 1 - 1) / 3 = 1/3
+    # token-mean = (-1.28 - 1 + 0.8) / 3 = -0.493333; clip_fraction 2/3; ratio mean 1
     lp = torch.tensor([[math.log(1.5), 0.0, 7.0], [math.log(0.5), 0.0, 0.0]])
     old = torch.zeros(2, 3)
     adv = torch.tensor([1.0, -1.0])
     loss, m = grpo_loss(lp, old, None, adv, MASK, **SETTINGS)
     close(loss, -0.493333)
-    expected = {"loss": -0.493333, "kl": 0.0, "clip_fraction": 2 / 3, "ratio_mean": 1.0, "ratio_max": 1.5}
-    expected |= {"advantage_mean": 1 / 3, "tis_weight_mean": 1.0, "tis_capped_fraction": 0.0, "tokens": 3.0}
+    expected = {"loss": -0.493333, "kl": 0.0, "clip_fraction": 2 / 3, "ratio_mean": 1.0}
+    expected |= {"tis_weight_mean": 1.0, "tis_capped_fraction": 0.0, "tokens": 3.0}
     assert m.keys() == expected.keys()
     close([m[k] for k in expected], list(expected.values()))
     # with ref = 0: k3 at d = ref - lp = [-ln 1.5, 0, ln 2] = [0.666667 + 0.405465 - 1, 0, 2 - 0.693147 - 1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import ROLES
-from training.generation import HFBackend, make_backend
+from training.generation import BackendSettings, HFBackend, make_backend
 from training.types import GenerationRequest, SamplingParams
 
 from .sampling import surprise_z
@@ -43,7 +43,10 @@ def test_mixed_adapter_batch_equals_each_adapter_alone(tiny_backbone, prompts):
     # Different limits make rows finish at different steps, so finished rows get dropped mid-batch.
     requests = [
         GenerationRequest(
-            adapters[i % 3], prompts[i % 4], SamplingParams(0.0, 1.0, 3 + 2 * i) if i % 2 else HOT, seed=i
+            adapters[i % 3],
+            prompts[i % 4],
+            SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=3 + 2 * i) if i % 2 else HOT,
+            seed=i,
         )
         for i in range(9)
     ]
@@ -87,7 +90,10 @@ def test_logprobs_equal_teacher_forced_forward(tiny_backbone, prompts, sampling)
 
 
 def test_max_new_tokens_gives_length_finish(tiny_backbone, prompts):
-    requests = [GenerationRequest(None, prompts[0], SamplingParams(0.0, 1.0, n)) for n in (1, 4, 9)]
+    requests = [
+        GenerationRequest(None, prompts[0], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=n))
+        for n in (1, 4, 9)
+    ]
     results = HFBackend(tiny_backbone).generate(requests)
     assert [len(r.token_ids) for r in results] == [1, 4, 9]
     assert {r.finish_reason for r in results} == {"length"}
@@ -96,18 +102,28 @@ def test_max_new_tokens_gives_length_finish(tiny_backbone, prompts):
 
 
 def test_zero_max_new_tokens_returns_empty(tiny_backbone, prompts):
-    request = GenerationRequest(None, prompts[0], SamplingParams(0.0, 1.0, 0))
+    request = GenerationRequest(
+        None, prompts[0], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=0)
+    )
     (result,) = HFBackend(tiny_backbone).generate([request])
     assert result.token_ids == () and result.finish_reason == "length"
 
 
 def test_stop_string_ends_generation_after_completing_token(tiny_backbone, tokenizer, prompts):
     backend = HFBackend(tiny_backbone)
-    (full,) = backend.generate([GenerationRequest(ROLES[0], prompts[1], SamplingParams(0.0, 1.0, 12))])
+    (full,) = backend.generate(
+        [
+            GenerationRequest(
+                ROLES[0], prompts[1], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=12)
+            )
+        ]
+    )
     stop_at = 5
     stop = tokenizer.decode(full.token_ids[stop_at : stop_at + 1]).strip()[:3]
     assert stop
-    sampling = SamplingParams(0.0, 1.0, 12, stop=("no such stop string", stop))
+    sampling = SamplingParams(
+        temperature=0.0, top_p=1.0, max_new_tokens=12, stop=("no such stop string", stop)
+    )
     (result,) = backend.generate([GenerationRequest(ROLES[0], prompts[1], sampling)])
     assert result.finish_reason == "stop" and result.stop == stop
     assert result.text.endswith(stop)
@@ -132,7 +148,9 @@ def test_default_eos_is_im_end(tiny_backbone, tokenizer):
 
 def test_seeded_sampling_independent_of_batch(tiny_backbone, prompts):
     backend = HFBackend(tiny_backbone, batch_size=3)
-    target = GenerationRequest(ROLES[0], prompts[2], SamplingParams(1.0, 0.9, 10), seed=42)
+    target = GenerationRequest(
+        ROLES[0], prompts[2], SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10), seed=42
+    )
     (alone,) = backend.generate([target])
     crowd = [GenerationRequest(a, p, HOT) for a in (None, ROLES[1]) for p in prompts]
     for position in (0, 3, len(crowd)):
@@ -172,17 +190,24 @@ def test_training_mode_is_restored(tiny_backbone, prompts):
 def test_bad_requests_raise(tiny_backbone, prompts):
     backend = HFBackend(tiny_backbone)
     with pytest.raises(ValueError, match="not one of"):
-        backend.generate([GenerationRequest("no_such_role", prompts[0])])
+        backend.generate([GenerationRequest("no_such_role", prompts[0], GREEDY)])
     with pytest.raises(ValueError, match="at least one prompt token"):
-        backend.generate([GenerationRequest(None, ())])
+        backend.generate([GenerationRequest(None, (), GREEDY)])
     with pytest.raises(ValueError, match="top_p"):
-        backend.generate([GenerationRequest(None, prompts[0], SamplingParams(top_p=0.0))])
+        backend.generate(
+            [
+                GenerationRequest(
+                    None, prompts[0], SamplingParams(temperature=0.7, top_p=0.0, max_new_tokens=4)
+                )
+            ]
+        )
 
 
 def test_make_backend(tiny_backbone, monkeypatch):
-    assert isinstance(make_backend("hf", tiny_backbone, batch_size=4), HFBackend)
+    backend = make_backend(tiny_backbone, BackendSettings(batch_size=4, prefix_cache_mb=0))
+    assert isinstance(backend, HFBackend) and backend.batch_size == 4
     monkeypatch.setitem(sys.modules, "vllm", None)  # as if the vllm extra were not installed
     with pytest.raises(ImportError, match=r"pip install 'meta-agent\[vllm\]'"):
-        make_backend("vllm", tiny_backbone)
-    with pytest.raises(ValueError, match="unknown generation backend"):
-        make_backend("nope", tiny_backbone)
+        make_backend(tiny_backbone, BackendSettings(name="vllm"))
+    with pytest.raises(ValueError, match="backend.name='nope' is not a generation backend"):
+        BackendSettings(name="nope")

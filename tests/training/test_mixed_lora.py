@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.backbone import BASE_ADAPTER, AdapterConfig, build_tiny_backbone
+from tests.tiny_model import build_tiny_backbone
+from training.backbone import BASE_ADAPTER, AdapterConfig
 from training.mixed_lora import RowAdapters, row_mask, stack_layer
 
 

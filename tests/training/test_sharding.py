@@ -17,11 +17,14 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from training.backbone import AdapterConfig, Backbone, ModelConfig
+from tests.training.turns import chat_ids, with_advantages
+from training.backbone import AdapterConfig, Backbone
 from training.batch import collate, completion_logits
-from training.generation import make_backend
+from training.distributed import Ranks
+from training.generation import HFBackend
 from training.grpo import GRPOSettings
-from training.trainer import PolicyTrainer, TrainerSettings
+from training.model_files import ModelConfig
+from training.trainer import PolicyTrainer, UpdateSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +48,8 @@ def requests(backbone: Backbone, lengths: list[int], first: int = 0) -> list[Gen
     """Greedy requests first, first+1, ...: roles alternate, request k generates up to lengths[k] tokens."""
     out = []
     for k, n in enumerate(lengths, start=first):
-        prompt = backbone.chat_prompt_ids([{"role": "user", "content": f"What is {k} + {k * 7}?"}])
-        out.append(GenerationRequest(ROLES[k % 2], tuple(prompt), SamplingParams(0.0, max_new_tokens=n)))
+        prompt = chat_ids(backbone.tokenizer, f"What is {k} + {k * 7}?")
+        out.append(GenerationRequest(ROLES[k % 2], prompt, SamplingParams(temperature=0.0, max_new_tokens=n)))
     return out
 
 
@@ -54,29 +57,33 @@ def turns_of(backbone: Backbone, lengths: list[int], first: int = 0) -> list[Tur
     """Training turns from the backbone's own greedy rollouts, one episode each, rewards 0, 1, 2, 0, ...
     GRPO groups hold 3 episodes (a rank's share of a batch holds whole groups)."""
     asked = requests(backbone, lengths, first)
-    results = make_backend("hf", backbone).generate(asked)
-    return [
-        Turn(
-            r.adapter,
-            f"task{k // 3}",
-            r.prompt_ids,
-            res.token_ids,
-            (1,) * len(res.token_ids),
-            res.logprobs,
-            reward=float(k % 3),
-            episode=k,
-        )
-        for k, r, res in zip(range(first, first + len(asked)), asked, results, strict=True)
-    ]
+    results = HFBackend(backbone).generate(asked)
+    return with_advantages(
+        [
+            Turn(
+                r.adapter,
+                f"task{k // 3}",
+                r.prompt_ids,
+                res.token_ids,
+                (1,) * len(res.token_ids),
+                res.logprobs,
+                reward=float(k % 3),
+                episode=k,
+            )
+            for k, r, res in zip(range(first, first + len(asked)), asked, results, strict=True)
+        ]
+    )
 
 
-def settings(micro_batch_size: int = 8) -> TrainerSettings:
-    return TrainerSettings(
+def trainer_of(backbone: Backbone, micro_batch_size: int = 8, ranks: Ranks | None = None) -> PolicyTrainer:
+    return PolicyTrainer(
+        backbone,
         # Adam's first step moves a weight by about lr whatever its gradient's size: gradients equal to
         # float rounding can differ by ~lr on weights whose gradient is ~0. 1e-4 keeps that under 1e-5.
-        lr=dict.fromkeys(ROLES, 1e-4),
+        dict.fromkeys(ROLES, 1e-4),
         grpo=GRPOSettings(beta=0.1, filter_zero_variance=False),  # beta: the reference pass runs too
-        micro_batch_size=micro_batch_size,
+        update=UpdateSettings(micro_batch_size=micro_batch_size),
+        ranks=ranks,
     )
 
 
@@ -91,19 +98,19 @@ def adapter_state(backbone: Backbone) -> dict[str, torch.Tensor]:
 def test_a_sharded_backbone_generates_and_trains_like_a_whole_one(tiny_model_dir, tmp_path):
     whole, sharded = load(tiny_model_dir, fsdp=False), load(tiny_model_dir, fsdp=True)
     try:
-        assert sharded.sharded and sharded.owns_process_group
+        assert sharded.sharded and sharded.sharding.owns_process_group
         bases = [p for n, p in sharded.model.named_parameters() if ".lora_" not in n]
         assert bases and all(isinstance(p, DTensor) for p in bases)  # the base weights are FSDP shards
         assert not any(isinstance(p, DTensor) for role in ROLES for p in sharded.trainable_parameters(role))
 
         lengths = [5, 9, 3, 7]
-        a, b = (make_backend("hf", bb).generate(requests(bb, lengths)) for bb in (whole, sharded))
+        a, b = (HFBackend(bb).generate(requests(bb, lengths)) for bb in (whole, sharded))
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
         for x, y in zip(a, b, strict=True):
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
 
         turns = turns_of(whole, lengths)
-        trainers = [PolicyTrainer(bb, settings()) for bb in (whole, sharded)]
+        trainers = [trainer_of(bb) for bb in (whole, sharded)]
         for trainer in trainers:
             trainer.sft_step(turns)
             trainer.grpo_step(turns)
@@ -140,23 +147,22 @@ LENGTHS = [[9, 8, 7], [2]]
 
 WORKER = """
 import json, sys
-from tests.training.test_sharding import LENGTHS, load, settings, turns_of, adapter_state
+from tests.training.test_sharding import LENGTHS, load, trainer_of, turns_of, adapter_state
 from training.distributed import Ranks
-from training.trainer import PolicyTrainer
 from pathlib import Path
 
 ranks = Ranks.start("cpu")
 model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
 backbone = load(model_dir, fsdp=True)
-assert backbone.lockstep.ranks.size == 2 and not backbone.owns_process_group
+assert backbone.lockstep.ranks.size == 2 and not backbone.sharding.owns_process_group
 first = sum(len(x) for x in LENGTHS[: ranks.rank])
 turns = turns_of(backbone, LENGTHS[ranks.rank], first=first)
 served = backbone.lockstep.drain()
-result = PolicyTrainer(backbone, settings(micro_batch_size=1), ranks=ranks).grpo_step(turns)
+result = trainer_of(backbone, micro_batch_size=1, ranks=ranks).grpo_step(turns)
 served_after_training = backbone.lockstep.drain()
 state = {k: v.tolist() for k, v in adapter_state(backbone).items()}
 tokens = [list(t.completion_ids) for t in turns]
-metrics = ranks.combine_metrics(result.metrics)
+metrics = ranks.combine_metrics(result)
 (out / f"rank{ranks.rank}.json").write_text(json.dumps(
     {"served": served, "served_after_training": served_after_training, "tokens": tokens,
      "adapters": state, "empty_passes": metrics["train/empty_passes"]}))
@@ -191,7 +197,7 @@ def test_two_ranks_with_uneven_work_generate_and_train_like_one_process(tiny_mod
     whole = load(tiny_model_dir, fsdp=False)
     turns = turns_of(whole, sum(LENGTHS, []))
     assert rank0["tokens"] + rank1["tokens"] == [list(t.completion_ids) for t in turns]
-    PolicyTrainer(whole, settings()).grpo_step(turns)
+    trainer_of(whole).grpo_step(turns)
     for name, value in adapter_state(whole).items():
         for rank in (rank0, rank1):
             assert torch.allclose(torch.tensor(rank["adapters"][name]), value, atol=1e-5), name
@@ -244,11 +250,11 @@ def test_offloaded_shards_train_on_a_gpu_that_never_holds_the_whole_backbone(tok
         assert all(p.device.type == "cuda" for role in ROLES for p in sharded.trainable_parameters(role))
 
         lengths = [6, 4]
-        results = make_backend("hf", sharded).generate(requests(sharded, lengths))
+        results = HFBackend(sharded).generate(requests(sharded, lengths))
         assert all(r.token_ids for r in results)
         turns = turns_of(sharded, lengths)
         before = adapter_state(sharded)
-        trainer = PolicyTrainer(sharded, settings())
+        trainer = trainer_of(sharded)
         trainer.sft_step(turns)  # every turn: a gradient for both roles
         after = adapter_state(sharded)
         assert any(not torch.equal(before[k], after[k]) for k in after)

@@ -4,11 +4,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from training.backbone import AdapterConfig, build_tiny_backbone
-from training.batch import collate, completion_logprobs
-from training.generation import make_backend
-from training.grpo import GRPOSettings
-from training.trainer import PolicyTrainer, TrainerSettings
+from tests.tiny_model import build_tiny_backbone
+from tests.training.turns import chat_ids, with_advantages
+from training.backbone import AdapterConfig
+from training.batch import collate, completion_logits
+from training.generation import HFBackend
+from training.grpo import GRPOSettings, token_logprobs, trainable_turns
+from training.trainer import PolicyTrainer, UpdateSettings
 from training.types import GenerationRequest, SamplingParams, Turn
 
 ROLES = ("meta_thinker", "executor")
@@ -21,19 +23,18 @@ def fresh(tokenizer):
 
 
 def rollout_turns(backbone, rewards: dict[tuple[str, int], float]) -> list[Turn]:
-    """Real sampled turns from the tiny model, one per (role, episode), two task groups."""
-    backend = make_backend("hf", backbone)
+    """Real sampled turns from the tiny model, one per (role, episode), two task groups, each with its
+    reward and the advantage the training loop gives it (normalised within its (role, task) group)."""
+    backend = HFBackend(backbone)
     keys = sorted(rewards)
-    prompts = [
-        tuple(backbone.chat_prompt_ids([{"role": "user", "content": f"task {ep % 2}"}])) for _, ep in keys
-    ]
+    prompts = [chat_ids(backbone.tokenizer, f"task {ep % 2}") for _, ep in keys]
     results = backend.generate(
         [
             GenerationRequest(role, p, SamplingParams(temperature=1.0, max_new_tokens=6), seed=ep)
             for (role, ep), p in zip(keys, prompts, strict=True)
         ]
     )
-    return [
+    turns = [
         Turn(
             role,
             f"task{ep % 2}",
@@ -46,24 +47,13 @@ def rollout_turns(backbone, rewards: dict[tuple[str, int], float]) -> list[Turn]
         )
         for (role, ep), p, r in zip(keys, prompts, results, strict=True)
     ]
+    return with_advantages(turns)
 
 
-def test_advantages_group_by_role_and_task_and_count_each_episode_once(tokenizer):
-    trainer = PolicyTrainer(fresh(tokenizer), TrainerSettings(lr=dict.fromkeys(ROLES, 1e-3)))
-    t = lambda role, group, ep, r: Turn(role, group, (1,), (2,), (1,), (0.0,), r, ep)  # noqa: E731
-    turns = [
-        t("executor", "a", 0, 1.0),
-        t("executor", "a", 1, 0.0),
-        t("meta_thinker", "a", 0, 1.0),
-        t("meta_thinker", "a", 0, 1.0),  # a second turn of the same episode: same advantage, counted once
-        t("meta_thinker", "a", 1, 0.0),
-        t("executor", "b", 2, 0.5),
-        t("executor", "b", 3, 0.5),
-    ]
-    adv, flat = trainer.advantages(turns)
-    # group (executor, a): rewards [1, 0], mean 0.5, sample std 0.7071 -> +-0.7071
-    assert adv == pytest.approx([0.70710, -0.70710, 0.70710, 0.70710, -0.70710, 0.0, 0.0], abs=1e-4)
-    assert flat == {("executor", "b")}
+def logprobs_under(backbone, turns) -> torch.Tensor:
+    """The trainer's per-token logprobs [B, K] of the turns' completions under the active adapter."""
+    batch = collate(turns, backbone.pad_id)
+    return token_logprobs(completion_logits(backbone.model, batch), batch.targets)
 
 
 def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(tokenizer):
@@ -71,25 +61,27 @@ def test_grpo_step_trains_only_adapters_and_moves_toward_rewarded_completions(to
     base_before = {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" not in n}
     rewards = {(role, ep): float(ep % 2 == 0 and ep < 4) for role in ROLES for ep in range(8)}
     turns = rollout_turns(backbone, rewards)
-    settings = TrainerSettings(
-        lr=dict.fromkeys(ROLES, 5e-3), temperature=dict.fromkeys(ROLES, 1.0), micro_batch_size=4
+    trainer = PolicyTrainer(
+        backbone,
+        dict.fromkeys(ROLES, 5e-3),
+        temperature=dict.fromkeys(ROLES, 1.0),
+        update=UpdateSettings(micro_batch_size=4),
     )
-    trainer = PolicyTrainer(backbone, settings)
 
     def logprob_sum(role: str, positive: bool) -> float:
         chosen = [t for t in turns if t.role == role and (t.reward > 0) == positive]
         backbone.activate(role)
         with torch.no_grad():
-            return float(completion_logprobs(backbone.model, collate(chosen, 2)).sum())
+            return float(logprobs_under(backbone, chosen).sum())
 
     before = {(r, s): logprob_sum(r, s) for r in ROLES for s in (True, False)}
     for _ in range(3):
-        result = trainer.grpo_step(turns)
+        metrics = trainer.grpo_step(trainable_turns(turns, filter_zero_variance=True))
     after = {(r, s): logprob_sum(r, s) for r in ROLES for s in (True, False)}
     for role in ROLES:
         assert after[(role, True)] - before[(role, True)] > after[(role, False)] - before[(role, False)]
-        assert result.metrics[f"role/{role}/grad_norm"] > 0
-        assert 0.0 <= result.metrics[f"role/{role}/clip_fraction"] <= 1.0
+        assert metrics[f"role/{role}/grad_norm"] > 0
+        assert 0.0 <= metrics[f"role/{role}/clip_fraction"] <= 1.0
     for n, p in backbone.model.named_parameters():
         if "lora_" not in n:
             assert torch.equal(p, base_before[n]), f"base weight {n} changed"
@@ -112,22 +104,16 @@ def adapters_after(
     turns = rollout_turns(backbone, rewards)
     if two_turns:  # a second, shorter-prompt turn per (role, episode), like a plan and a reflection
         turns += [replace(t, prompt_ids=t.prompt_ids[:-1]) for t in turns]
-    settings = TrainerSettings(
-        lr=dict.fromkeys(ROLES, 1e-2),
-        micro_batch_size=micro,
-        max_grad_norm=1e9,
-        grpo=grpo,
-        gradient_checkpointing=checkpointing,
-    )
-    trainer = PolicyTrainer(backbone, settings)
+    update = UpdateSettings(micro_batch_size=micro, max_grad_norm=1e9, gradient_checkpointing=checkpointing)
+    trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 1e-2), grpo=grpo, update=update)
     if layer_calls is not None:  # count the top decoder layer's MLP runs (hooks do not see recomputation)
         mlp = backbone.model.base_model.model.model.layers[-1].mlp
         forward = mlp.forward
         mlp.forward = lambda *a, **k: layer_calls.append(1) or forward(*a, **k)
     for _ in range(steps):
-        result = trainer.grpo_step(turns)
+        step = trainer.grpo_step(trainable_turns(turns, filter_zero_variance=grpo.filter_zero_variance))
     if metrics is not None:
-        metrics.update(result.metrics)
+        metrics.update(step)
     return {n: p.detach().clone() for n, p in backbone.model.named_parameters() if "lora_" in n}
 
 
@@ -166,19 +152,19 @@ def test_gradient_checkpointing_recomputes_and_changes_nothing(tokenizer):
 
 def test_sft_step_lowers_the_demonstrations_nll(tokenizer):
     backbone = fresh(tokenizer)
-    prompt = tuple(backbone.chat_prompt_ids([{"role": "user", "content": "What is 2+2?"}]))
+    prompt = chat_ids(tokenizer, "What is 2+2?")
     answer = tuple(tokenizer.encode("<answer>4</answer>", add_special_tokens=False))
     demo = [Turn("executor", "d", prompt, answer, (1,) * len(answer), (0.0,) * len(answer))]
-    trainer = PolicyTrainer(backbone, TrainerSettings(lr=dict.fromkeys(ROLES, 1e-2)))
-    first = trainer.sft_step(demo).metrics["role/executor/sft_nll"]
+    trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 1e-2))
+    first = trainer.sft_step(demo)["role/executor/sft_nll"]
     for _ in range(5):
-        last = trainer.sft_step(demo).metrics["role/executor/sft_nll"]
+        last = trainer.sft_step(demo)["role/executor/sft_nll"]
     assert last < first
 
 
 def test_missing_learning_rate_is_a_clear_error(tokenizer):
     with pytest.raises(ValueError, match="meta_thinker"):
-        PolicyTrainer(fresh(tokenizer), TrainerSettings(lr={"executor": 1e-3}))
+        PolicyTrainer(fresh(tokenizer), {"executor": 1e-3})
 
 
 def test_sequence_level_ratio_is_the_same_with_any_micro_batch_size(tokenizer):
@@ -195,12 +181,11 @@ def test_logprob_mismatch_between_rollout_and_trainer_is_reported(tokenizer):
     rewards = {(role, ep): float(ep < 2) for role in ROLES for ep in range(4)}  # each task group varies
     backbone = fresh(tokenizer)
     turns = rollout_turns(backbone, rewards)
-    settings = TrainerSettings(lr=dict.fromkeys(ROLES, 1e-9), temperature=dict.fromkeys(ROLES, 1.0))
-    trainer = PolicyTrainer(backbone, settings)
-    same = trainer.grpo_step(turns).metrics  # the hf backend in float32 scores what the trainer does
+    trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 1e-9), temperature=dict.fromkeys(ROLES, 1.0))
+    same = trainer.grpo_step(turns)  # the hf backend in float32 scores what the trainer does
     # A backend whose logprobs are 0.5 too high on every generated token: the trainer sees it.
     shifted = [replace(t, logprobs=tuple(lp + 0.5 for lp in t.logprobs)) for t in turns]
-    off = trainer.grpo_step(shifted).metrics
+    off = trainer.grpo_step(shifted)
     for role in ROLES:
         assert same[f"role/{role}/logprob_mismatch_max"] < 1e-4
         assert off[f"role/{role}/logprob_mismatch_mean"] == pytest.approx(0.5, abs=1e-3)
@@ -218,8 +203,8 @@ def test_truncated_importance_sampling_corrects_a_rollout_backend_mismatch(token
         turns = rollout_turns(backbone, rewards)
         turns = [replace(t, logprobs=tuple(lp + shift for lp in t.logprobs)) for t in turns]
         grpo = GRPOSettings(tis_cap=tis_cap)
-        settings = TrainerSettings(lr=dict.fromkeys(ROLES, 1e-3), max_grad_norm=1e9, grpo=grpo)
-        return PolicyTrainer(backbone, settings).grpo_step(turns).metrics
+        update = UpdateSettings(max_grad_norm=1e9)
+        return PolicyTrainer(backbone, dict.fromkeys(ROLES, 1e-3), grpo=grpo, update=update).grpo_step(turns)
 
     exact, corrected, uncorrected = step(2.0, 0.0), step(2.0, 0.5), step(None, 0.5)
     for role in ROLES:

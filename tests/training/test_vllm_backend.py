@@ -10,11 +10,14 @@ import pytest
 import torch
 
 from tests.conftest import ROLES
-from training.backbone import AdapterConfig, Backbone, ModelConfig, build_tiny_backbone
-from training.generation import HFBackend, VLLMSettings, make_backend
+from tests.tiny_model import build_tiny_backbone
+from tests.training.turns import chat_ids
+from training.backbone import AdapterConfig, Backbone
+from training.generation import HFBackend, VLLMBackend, VLLMSettings
 from training.generation.conformance import CHECKS, PROMPTS
 from training.grpo import token_logprobs
-from training.trainer import PolicyTrainer, TrainerSettings
+from training.model_files import ModelConfig
+from training.trainer import PolicyTrainer
 from training.types import GenerationRequest, SamplingParams, Turn
 
 from .sampling import policy_logits, surprise_z
@@ -36,7 +39,7 @@ def backbone(tokenizer):
 @pytest.fixture(scope="module")
 def engine(backbone):
     pytest.importorskip("vllm")
-    backend = make_backend("vllm", backbone, settings=SETTINGS)
+    backend = VLLMBackend(backbone, settings=SETTINGS)
     yield backend
     backend.close()
 
@@ -179,7 +182,13 @@ def test_nucleus_sampling_is_refused(engine, tokenizer):
     """top_p < 1: vLLM's logprobs would be renormalised inside the nucleus, not the trainer's quantity."""
     prompt = ids(tokenizer, PROMPTS[0])
     with pytest.raises(ValueError, match=r"top_p=0.9.*set top_p=1 or use backend.name=hf"):
-        engine.generate([GenerationRequest(ROLES[0], prompt, SamplingParams(temperature=0.7, top_p=0.9))])
+        engine.generate(
+            [
+                GenerationRequest(
+                    ROLES[0], prompt, SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=4)
+                )
+            ]
+        )
     # Greedy ignores top_p: nothing is sampled, so nothing is renormalised.
     greedy = SamplingParams(temperature=0.0, top_p=0.9, max_new_tokens=4)
     (result,) = engine.generate([GenerationRequest(ROLES[0], prompt, greedy)])
@@ -195,7 +204,7 @@ def test_no_stale_adapter_after_a_trainer_update(engine, backbone, tokenizer):
     old = trainer_logprobs(backbone, role, request.prompt_ids, before.token_ids, 1.0)
     assert max_diff(before.logprobs, old) < 1e-4
 
-    trainer = PolicyTrainer(backbone, TrainerSettings(lr={r: 0.05 for r in ROLES}))
+    trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 0.05))
     turn = Turn(
         role, "g", request.prompt_ids, before.token_ids, (1,) * len(before.token_ids), before.logprobs
     )
@@ -214,7 +223,7 @@ def test_tensor_parallel_engine_serves_the_same_policy(backbone, tokenizer):
     role's adapter split over two workers give HF's greedy tokens and logprobs for every adapter, and the
     trainer's logprobs for sampled tokens, also after an adapter sync."""
     settings = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32, tensor_parallel_size=2)
-    with make_backend("vllm", backbone, settings=settings) as split:
+    with VLLMBackend(backbone, settings=settings) as split:
         assert_greedy_matches_hf(split, backbone, tokenizer)
         with torch.no_grad():  # as after an optimizer step: the engine must sync, not serve the old one
             for p in backbone.trainable_parameters(ROLES[1]):
@@ -231,7 +240,7 @@ def test_close_ends_the_engine_processes_and_removes_its_folders(backbone):
         return {p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM")}
 
     before = engine_processes()  # the module's engine
-    backend = make_backend("vllm", backbone, settings=SETTINGS)
+    backend = VLLMBackend(backbone, settings=SETTINGS)
     started, workdir = engine_processes() - before, backend._workdir
     assert started and workdir.is_dir()
     backend.close()
@@ -251,11 +260,10 @@ def test_real_backbone_matches_hf(tokenizer):
         for role in ROLES:
             for param in backbone.trainable_parameters(role):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
-    messages = [{"role": "user", "content": "What is 12 * 7? Answer with a number."}]
-    prompt = tuple(backbone.chat_prompt_ids(messages))
+    prompt = chat_ids(backbone.tokenizer, "What is 12 * 7? Answer with a number.")
     sampling = SamplingParams(temperature=0.0, max_new_tokens=24)
     requests = [GenerationRequest(role, prompt, sampling) for role in (None, *ROLES)]
-    with make_backend("vllm", backbone, settings=SETTINGS) as engine:
+    with VLLMBackend(backbone, settings=SETTINGS) as engine:
         ours = engine.generate(requests)
     for request, mine, theirs in zip(requests, ours, HFBackend(backbone).generate(requests), strict=True):
         assert mine.token_ids == theirs.token_ids, f"adapter {request.adapter}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.system import backend_settings
 from training.generation.vllm import VLLMSettings, cpu_thread_binding, engine_environment
 
 
@@ -33,4 +32,4 @@ def test_engine_environment_binds_each_worker_to_its_cores():
 
 def test_tensor_parallel_size_is_a_config_key():
     cfg = load_config(["backend.name=vllm", "backend.vllm.tensor_parallel_size=2"])
-    assert backend_settings(cfg)["settings"].tensor_parallel_size == 2
+    assert cfg.backend.vllm.tensor_parallel_size == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from training.types import GenerationBackend, GenerationRequest, GenerationResult, SamplingParams
 
@@ -94,9 +95,7 @@ def check_max_new_tokens(backend, tokenizer, adapters, atol) -> None:
     prompt = _ids(tokenizer, PROMPTS[2])
     for limit in (1, 3):
         for sampling in (GREEDY, SAMPLED):
-            request = GenerationRequest(
-                None, prompt, SamplingParams(sampling.temperature, sampling.top_p, limit), seed=0
-            )
+            request = GenerationRequest(None, prompt, replace(sampling, max_new_tokens=limit), seed=0)
             (result,) = backend.generate([request])
             assert len(result.token_ids) == limit or result.finish_reason == "eos", (
                 f"max_new_tokens={limit} gave {len(result.token_ids)} tokens ({result.finish_reason})"

@@ -1,7 +1,7 @@
 """Batched generation with transformers: one decode loop, mixed role adapters in one batch, KV cache.
 
     backend = HFBackend(backbone, batch_size=16)
-    results = backend.generate([GenerationRequest("executor", prompt_ids, SamplingParams(temperature=0.7))])
+    results = backend.generate([GenerationRequest("executor", prompt_ids, SamplingParams(temperature=0.7, max_new_tokens=64))])
 
 Each row of a batch carries its own adapter (`RowAdapters`: every adapter stacked, rows masked), sampling
 settings and torch.Generator, so a seeded request gives the same tokens whatever batch it lands in.
@@ -76,8 +76,7 @@ class HFBackend:
         self.batch_size = batch_size
         self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_ids(backbone)
-        tokenizer = backbone.tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = backbone.pad_id
         self._rows: RowAdapters | None = None  # per-row adapters, while generate() runs
 
     @property
@@ -145,7 +144,7 @@ class HFBackend:
             return
         states = self._prefill([rows[b].request for b in active])
         room = max(rows[b].request.sampling.max_new_tokens for b in active)
-        cache, attention_mask, position_ids = _assemble(states, room, self.backbone.device)
+        cache, attention_mask, position_ids = assemble_cache(states, room, self.backbone.device)
         logits = torch.stack([s.logits for s in states])  # [B, V]
         adapter_names = [rows[b].request.adapter or BASE_ADAPTER for b in active]
         while True:
@@ -183,6 +182,15 @@ class HFBackend:
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()  # [B, V]
             position_ids = position_ids + 1  # [B, 1]
+
+    def prefill(self, requests: Sequence[GenerationRequest]) -> list[_State]:
+        """Each request's prompt states and last logits, as `generate` computes them before its decode
+        loop (measurements decode from them: bench/rollout.py). Call it under torch.inference_mode."""
+        with RowAdapters(self.backbone.model) as self._rows:
+            try:
+                return self._prefill(list(requests))
+            finally:
+                self._rows = None
 
     def _prefill(self, requests: list[GenerationRequest]) -> list[_State]:
         """Each prompt's key/value states and last logits; cached prefixes skip their forward pass.
@@ -390,7 +398,9 @@ def _left_padded(rows: list, width: int, device, room: int = 0) -> list[tuple[to
     return out
 
 
-def _assemble(states: list[_State], room: int, device) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
+def assemble_cache(
+    states: list[_State], room: int, device
+) -> tuple[DynamicCache, torch.Tensor, torch.Tensor]:
     """The decode batch: every row's states left-padded into one cache with `room` free positions,
     its attention mask and each row's next position."""
     lengths = [s.keys[0].shape[1] for s in states]

@@ -38,8 +38,10 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values 
 CPU_LORA_KERNELS = "training.generation.vllm_lora.LoRAKernels"
 
 
-@dataclass(frozen=True)
+@dataclass
 class VLLMSettings:
+    """The `backend.vllm:` settings: the engine's start-up settings."""
+
     # KV cache size. Without it the CPU backend claims gpu_memory_utilization of the machine's memory and
     # fails to start where less is free; on a GPU None sizes it from gpu_memory_utilization instead.
     kv_cache_gib: float | None = 1.0

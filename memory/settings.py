@@ -1,0 +1,57 @@
+"""The `memory:` settings and the memory they describe.
+
+memory = open_memory(MemorySettings(path="runs/memory"), SentenceEmbedder())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from memory.index import HNSW_EF_SEARCH, IVF_NPROBE, index_kind
+from memory.store import FaissMemory
+from memory.types import Embedder
+
+
+@dataclass
+class MemorySettings:
+    """Where lessons are kept, how many each episode is shown, and the FAISS index that finds them."""
+
+    enabled: bool = True  # false: no retrieval, no lessons, and no memory_search tool
+    # a folder of FAISS index + SQLite, shared by runs so lessons accumulate; null: this process only
+    path: str | None = "runs/memory"
+    top_k: int = 3  # lessons shown to the roles at the start of an episode
+    write_lessons: bool = True  # the meta-thinker's lesson is committed after each batch of episodes
+    index: str = "flat"  # flat (exact search) | ivf (approximate, exact below 50k entries; for 100k+) | hnsw
+    # hnsw only: candidates a query visits; higher = better recall, slower (bench/faiss_memory.py)
+    hnsw_ef_search: int = HNSW_EF_SEARCH
+    # ivf only: cells a query scans; higher = better recall, slower (bench/faiss_memory.py)
+    ivf_nprobe: int = IVF_NPROBE
+
+    def __post_init__(self) -> None:
+        index_kind(self.index)  # an unknown index fails at start-up, with the kinds it knows
+        if self.top_k < 0:
+            raise ValueError(f"memory.top_k={self.top_k} must be >= 0")
+
+    @property
+    def shown(self) -> int:
+        """Lessons an episode is shown: top_k, or none when the memory is off."""
+        return self.top_k if self.enabled else 0
+
+
+def open_memory(
+    settings: MemorySettings, embedder: Embedder, *, read_only: bool = False
+) -> FaissMemory | None:
+    """The memory `settings` describe, or None when it is off. `read_only`: another process writes the
+    folder (the ranks after the first of a multi-process run); an in-process memory is always writable."""
+    if not settings.enabled:
+        return None
+    path = Path(settings.path) if settings.path else None
+    return FaissMemory(
+        path,
+        embedder,
+        index=settings.index,
+        ef_search=settings.hnsw_ef_search,
+        nprobe=settings.ivf_nprobe,
+        read_only=read_only and path is not None,
+    )

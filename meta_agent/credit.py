@@ -1,0 +1,57 @@
+"""Credit for a rollout: each role's advantage in each episode, normalised within (role, task) groups.
+
+    assign_advantages(episodes, scale=cfg.grpo.scale_advantages)   # onto every turn record
+    turns = trainable_turns(training_turns(episodes), filter_zero_variance=cfg.grpo.filter_zero_variance)
+
+An episode gives each role one reward (roles.rewards); a role with several turns in an episode (plan
+and reflection) counts once in its group's statistics, and all its turns share the advantage. The
+maths is training.grpo.group_advantages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meta_agent.episode import Episode
+from training.grpo import group_advantages
+from training.types import Turn
+
+
+def credited_roles(episode: Episode) -> list[str]:
+    """The roles that generated something in `episode`, in the order they first acted."""
+    return list(dict.fromkeys(t.role for t in episode.turns if t.completion_ids))
+
+
+def assign_advantages(episodes: Sequence[Episode], *, scale: bool = True) -> None:
+    """Set `advantage` on every turn record of the finished `episodes`: its role's reward in that
+    episode minus the mean over the group's episodes (the same role on the same task), divided by the
+    group's std when `scale`. Groups whose rewards are all equal get 0."""
+    rows = [(ep, role) for ep in episodes for role in credited_roles(ep)]
+    rewards = [ep.rewards[role] for ep, role in rows]
+    keys = [(role, ep.task.id) for ep, role in rows]
+    for (ep, role), advantage in zip(rows, group_advantages(rewards, keys, scale=scale), strict=True):
+        for turn in ep.turns:
+            if turn.role == role:
+                turn.advantage = advantage
+
+
+def training_turns(episodes: Sequence[Episode]) -> list[Turn]:
+    """Every turn with a completion of the finished `episodes`, as the trainer's records, episode i
+    numbered i (the numbers tie a role's turns of one episode together)."""
+    return [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
+
+
+def credit_metrics(turns: Sequence[Turn], trained: Sequence[Turn], roles: Sequence[str]) -> dict[str, float]:
+    """Per role, over its turns of the rollout: mean reward, mean and mean absolute advantage, and
+    the share of turns no update learns from (zero-variance groups, filtered); the batch's turn counts."""
+    kept = set(trained)
+    metrics = {"train/turns": float(len(turns)), "train/filtered_turns": float(len(turns) - len(trained))}
+    for role in roles:
+        mine = [t for t in turns if t.role == role]
+        if mine:
+            n = len(mine)
+            metrics[f"role/{role}/reward"] = sum(t.reward for t in mine) / n
+            metrics[f"role/{role}/advantage"] = sum(t.advantage for t in mine) / n
+            metrics[f"role/{role}/advantage_abs"] = sum(abs(t.advantage) for t in mine) / n
+            metrics[f"role/{role}/filtered_fraction"] = sum(t not in kept for t in mine) / n
+    return metrics

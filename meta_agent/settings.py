@@ -1,0 +1,150 @@
+"""Every config key, once: the root `Config` and the settings of the loop's stages.
+
+Each section's record is defined next to the code that reads it and imported here: `model:`
+(training.model_files.ModelConfig), `backend:` (training.generation.BackendSettings), `roles.<role>:`
+(roles.RoleSpec plus training.backbone.AdapterConfig and a learning rate), `protocol:`
+(meta_agent.episode.Limits), `tools:` (tools.ToolSettings), `memory:` (memory.MemorySettings), `grpo:`
+(training.grpo.GRPOSettings) and the optimizer half of `train:` (training.trainer.UpdateSettings). The
+records of the stages above them (eval, train, sft) live here. These dataclasses are the Hydra schema
+(meta_agent.config registers them), so a misspelt key fails at start-up; each field's default and the
+comment beside it are what `meta-agent config` prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memory.settings import MemorySettings
+from meta_agent.episode import Limits
+from roles import RoleSpec, check_roles
+from tools import ToolSettings
+from training.backbone import AdapterConfig
+from training.generation import BackendSettings
+from training.generation.vllm import check_top_p
+from training.grpo import GRPOSettings
+from training.model_files import ModelConfig
+from training.trainer import UpdateSettings
+
+
+@dataclass
+class RoleConfig(RoleSpec):
+    """One role under `roles:` (configs/role/*.yaml): its spec, plus what training gives it."""
+
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)  # this role's LoRA adapter
+    lr: float = 1e-4  # this role's adapter learning rate
+
+
+@dataclass
+class EvalSettings:
+    """`meta-agent eval`, and every held-out evaluation during training."""
+
+    tasks: list[str] = field(
+        default_factory=lambda: ["arith"]
+    )  # arith (needs tools) | gsm8k | math500 | aime24 | amc23
+    split: str = "test"  # the tasks' split evaluated: test (train where a task has one, to compare)
+    limit: int | None = 8  # problems per task; null for all
+    episodes_per_batch: int = 8  # episodes played together in one batched rollout
+    temperature: float = 0.0  # 0: greedy evaluation
+    # true: eval episodes write lessons too (later evaluations would then see them)
+    write_lessons: bool = False
+
+    def __post_init__(self) -> None:
+        if self.episodes_per_batch < 1:
+            raise ValueError(f"eval.episodes_per_batch must be >= 1, got {self.episodes_per_batch}")
+
+
+@dataclass
+class TrainSettings(UpdateSettings):
+    """`meta-agent train`: G episodes of the whole hierarchy per task, advantages within (role, task) groups."""
+
+    task: str = "arith"  # the task family trained on (its train split)
+    pool: int | None = 2000  # training problems drawn from the task's train split; null for all
+    steps: int = 20  # GRPO steps
+    # tasks per step, over all processes (each rank plays a contiguous share of them)
+    tasks_per_step: int = 4
+    group_size: int = 4  # G: episodes of the whole hierarchy per task
+    eval_task: str = "arith"  # held-out accuracy on this task's test split
+    eval_limit: int = 32  # held-out problems
+    eval_every: int = 10  # held-out accuracy every N steps (and before and after)
+    trace_every: int = 5  # reflection traces into TensorBoard's text tab every N steps
+    checkpoint_every: int = 10  # a checkpoint every N steps (and at the last); resume=<run> continues from it
+    keep_checkpoints: int = 2  # the newest N step checkpoints are kept
+    # stop GRPO once rollouts generated this many tokens, all roles (equal-budget baselines); null: no limit
+    token_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("steps", "eval_limit"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("tasks_per_step", "group_size", "eval_every", "trace_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class SFTSettings:
+    """The warm start on demonstrations (`meta-agent sft`, or a stage of `meta-agent train`)."""
+
+    enabled: bool = False  # true: `meta-agent train` starts with this stage
+    # arith (generated tool demonstrations) | gsm8k (converted train solutions) | a .jsonl file written
+    # by `meta-agent demos` (runs/demos/arith.jsonl)
+    source: str = "arith"
+    examples: int = 256  # demonstration episodes to generate (a .jsonl source is used whole)
+    batch_size: int = 8  # demonstration episodes per step
+    max_steps: int = 200  # at most this many SFT steps
+    eval_every: int = 10  # held-out accuracy every N steps
+    patience: int = 2  # stop when held-out accuracy has not improved this many evaluations
+    lr_scale: float = 3.0  # SFT learning rate = the role's lr times this
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_every", "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Config:
+    """The whole config (configs/config.yaml picks the roles; an experiment overrides any key)."""
+
+    seed: int = 0  # seeds the adapters' initialisation, the data order, sampling and held-out problems
+    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}"  # traces, resolved config, metrics and checkpoints of this run
+    model: ModelConfig = field(default_factory=ModelConfig)  # the shared backbone
+    backend: BackendSettings = field(default_factory=BackendSettings)  # how rollouts are generated
+    roles: dict[str, RoleConfig] = field(default_factory=dict)  # configs/roles/*.yaml: which roles, in order
+    protocol: Limits = field(default_factory=Limits)  # limits of one episode
+    tools: ToolSettings = field(default_factory=ToolSettings)  # what the tools may do
+    memory: MemorySettings = field(default_factory=MemorySettings)  # the lessons' store and retrieval
+    eval: EvalSettings = field(default_factory=EvalSettings)  # meta-agent eval and held-out evaluations
+    train: TrainSettings = field(default_factory=TrainSettings)  # the GRPO loop and its optimizer steps
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)  # the policy loss and its advantages
+    sft: SFTSettings = field(default_factory=SFTSettings)  # the warm start on demonstrations
+    question: str | None = None  # the question for `meta-agent solve`
+    resume: str | None = None  # meta-agent train ... resume=<run folder or checkpoint>: continue exactly
+    # trained role adapters for eval, solve and train: a folder of <role>/ adapters
+    # (runs/X/checkpoints/sft-best), a checkpoint (runs/X/checkpoints/step-000020) or a run folder (its
+    # latest checkpoint); null: fresh adapters
+    adapters: str | None = None
+    demos_out: str | None = None  # meta-agent demos: the .jsonl file to write; null: <run_dir>/demos.jsonl
+
+    def __post_init__(self) -> None:
+        if not self.roles:
+            raise ValueError(
+                "roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent"
+            )
+        check_roles(list(self.roles.values()))
+        if self.backend.name in ("vllm", "vllm-cpu"):
+            for role in self.roles.values():
+                check_top_p(
+                    role.sampling.temperature, role.sampling.top_p, f"roles.{role.name}.sampling.top_p"
+                )
+
+    @property
+    def role_list(self) -> list[RoleConfig]:
+        """The roles in config order."""
+        return list(self.roles.values())
+
+    @property
+    def role_adapters(self) -> dict[str, AdapterConfig]:
+        """Each role's adapter, by role name: what Backbone.load attaches."""
+        return {r.name: r.adapter for r in self.roles.values()}

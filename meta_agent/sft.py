@@ -1,0 +1,99 @@
+"""The SFT warm start: maximum likelihood on demonstration episodes until held-out accuracy stops rising.
+
+    turns = sft_turns(cfg, system)             # a demonstrations file, or episodes generated from a task
+    accuracy = run_sft(cfg, system, turns, log, eval_tasks, run_dir / "checkpoints", ranks)
+
+The best adapters are kept in `<checkpoints>/sft-best` and loaded back at the end, so GRPO starts from
+them. Each rank trains on its share of each step's episodes (the gradients are summed in the trainer).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from meta_agent.demos import demo_path, make_demos, read_demos
+from meta_agent.episode import Episode
+from meta_agent.evaluate import held_out_accuracy
+from meta_agent.settings import Config
+from meta_agent.system import System, policy_trainer
+from meta_agent.tasks import Task, next_tasks
+from training.distributed import Ranks
+from training.run_log import RunLog
+from training.types import Turn
+
+SFT_BEST = "sft-best"  # the checkpoints' folder of the best SFT adapters
+
+console = Console()
+
+
+def sft_turns(cfg: Config, system: System) -> list[Turn]:
+    """The demonstration turns of `sft.source`: a .jsonl file written by `meta-agent demos`, or
+    `sft.examples` episodes generated from a task's train split."""
+    path = demo_path(cfg.sft.source)
+    if path is not None:
+        turns = read_demos(path, roles=[r.name for r in system.roles])
+        console.print(f"sft: {len(turns)} demonstration turns from {path}")
+        return turns
+    return [turn for i, ep in enumerate(generate_demos(cfg, system)) for turn in ep.training_turns(i)]
+
+
+def generate_demos(cfg: Config, system: System) -> list[Episode]:
+    """`sft.examples` demonstration episodes of the generator `sft.source`, played with the run's
+    roles, tools, chat format and limits (so `meta-agent demos` files train like the generator)."""
+    return make_demos(
+        cfg.sft.source,
+        cfg.sft.examples,
+        system.roles,
+        system.chat,
+        system.registry,
+        seed=cfg.seed,
+        limits=cfg.protocol,
+    )
+
+
+def run_sft(
+    cfg: Config,
+    system: System,
+    turns: Sequence[Turn],
+    log: RunLog,
+    eval_tasks: Mapping[str, Sequence[Task]],
+    ckpt_root: Path,
+    ranks: Ranks,
+) -> float:
+    """Train on demonstration `turns` (see sft_turns), episode by episode, evaluating every
+    `sft.eval_every` steps, until `sft.patience` evaluations bring no better held-out accuracy or
+    `sft.max_steps` is reached. Returns the best held-out accuracy (0 if none was better than nothing)."""
+    by_episode: dict[int, list[Turn]] = {}
+    for t in turns:
+        by_episode.setdefault(t.episode, []).append(t)
+    trainer = policy_trainer(cfg, system, ranks, lr_scale=cfg.sft.lr_scale)
+    episodes = list(by_episode)
+    best, since_best, step = -1.0, 0, 0
+    best_dir = ckpt_root / SFT_BEST
+    if ranks.main:
+        shutil.rmtree(best_dir, ignore_errors=True)  # never start GRPO from an earlier run's adapters
+    while step < cfg.sft.max_steps:
+        chosen = next_tasks(episodes, step * cfg.sft.batch_size, cfg.sft.batch_size, cfg.seed)
+        metrics = trainer.sft_step([t for e in ranks.shard(chosen) for t in by_episode[e]])
+        step += 1
+        log.scalars({f"sft/{k}": v for k, v in ranks.combine_metrics(metrics).items()}, step)
+        if step % cfg.sft.eval_every == 0 or step == cfg.sft.max_steps:
+            accuracy = held_out_accuracy(system, eval_tasks, cfg.eval, cfg.seed, ranks)
+            log.scalars({"sft/eval/accuracy": accuracy}, step)
+            console.print(f"sft step {step}: held-out accuracy {accuracy:.3f}")
+            if accuracy > best:
+                best, since_best = accuracy, 0
+                if ranks.main:
+                    system.backbone.save_adapters(best_dir)
+            else:
+                since_best += 1
+                if since_best >= cfg.sft.patience:
+                    break
+    ranks.barrier()  # rank 0 has written sft-best
+    if best_dir.exists():
+        system.backbone.load_adapters(best_dir)  # the best SFT adapters start GRPO
+    return max(best, 0.0)
