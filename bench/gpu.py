@@ -246,7 +246,7 @@ def rollout(backbone: Backbone, args: argparse.Namespace, vocab: int, device: to
             logprobs=res.logprobs,
             reward=float((i // 2) % 2),  # 0, 1, 0, 1 within every group: no group is filtered
             episode=i // 2,
-            advantage=1.0 if (i // 2) % 2 else -1.0,  # the rewards' normalised advantage, sign and size
+            advantage=1.0 if (i // 2) % 2 else -1.0,  # a gradient of the rewards' sign for every turn
         )
         for i, (req, res) in enumerate(zip(timed, results, strict=True))
     ]

@@ -126,10 +126,10 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
 
     from meta_agent.config import load_config
     from meta_agent.sft import generate_demos
-    from meta_agent.system import build_system
+    from meta_agent.system import build_system, policy_trainer
     from roles import executors
     from training.backbone import Backbone
-    from training.trainer import PolicyTrainer
+    from training.distributed import Ranks
 
     stage("imports")
     overrides = [
@@ -153,12 +153,7 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
     turns = grpo_batch(generate_demos(cfg, system), group)
     if arm == "one_role":  # the hierarchy's turns, all trained by one adapter
         turns = [replace(t, role=executor.name) for t in turns]
-    lr = {r.name: r.lr for r in roles}
-    temperature = {r.name: r.sampling.temperature for r in roles}
-    trainers = [
-        (PolicyTrainer(b, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train), set(b.adapters))
-        for b in backbones
-    ]
+    trainers = [(policy_trainer(cfg, system, Ranks(), backbone=b), set(b.adapters)) for b in backbones]
     stage("batch_and_trainer")
     load_peak = ru_maxrss_mib()
     resettable = reset_peak()

@@ -218,7 +218,7 @@ def trl_config(cfg: Config, args: argparse.Namespace, output_dir: str):
         lr_scheduler_type="constant",
         warmup_steps=cfg.train.warmup_steps,
         optim="adamw_torch",  # torch.optim.AdamW, as PolicyTrainer
-        weight_decay=0.0,
+        weight_decay=cfg.train.weight_decay,
         max_grad_norm=cfg.train.max_grad_norm,
         beta=cfg.grpo.beta,
         num_iterations=1,

@@ -44,6 +44,7 @@ class IndexKind:
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 64
+DEFAULT_INDEX = "flat"  # exact search: right for the thousands of lessons of a run
 
 # IVF parameters. nprobe (cells a query scans; config memory.ivf_nprobe) trades search time for
 # recall: on data with the spectrum of MiniLM embeddings of the project's questions, 160 of the

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from memory.index import HNSW_EF_SEARCH, IVF_NPROBE, index_kind
+from memory.index import DEFAULT_INDEX, HNSW_EF_SEARCH, IVF_NPROBE, index_kind
 from memory.store import FaissMemory
 from memory.types import Embedder
 
@@ -22,7 +22,9 @@ class MemorySettings:
     path: str | None = "runs/memory"
     top_k: int = 3  # lessons shown to the roles at the start of an episode
     write_lessons: bool = True  # the meta-thinker's lesson is committed after each batch of episodes
-    index: str = "flat"  # flat (exact search) | ivf (approximate, exact below 50k entries; for 100k+) | hnsw
+    index: str = (
+        DEFAULT_INDEX  # flat (exact search) | ivf (approximate, exact below 50k entries; for 100k+) | hnsw
+    )
     # hnsw only: candidates a query visits; higher = better recall, slower (bench/faiss_memory.py)
     hnsw_ef_search: int = HNSW_EF_SEARCH
     # ivf only: cells a query scans; higher = better recall, slower (bench/faiss_memory.py)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from memory.index import (
+    DEFAULT_INDEX,
     HNSW_EF_SEARCH,
     IVF_NPROBE,
     add_vectors,
@@ -107,7 +108,7 @@ class FaissMemory:
         weights: ScoringWeights | None = None,
         candidate_factor: int = 4,
         *,
-        index: str = "flat",
+        index: str = DEFAULT_INDEX,
         ef_search: int = HNSW_EF_SEARCH,
         nprobe: int = IVF_NPROBE,
         flush_every: int = 1000,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from training.model_files import ModelMismatch
+
 
 class ChatFormat:
     """Wraps a Hugging Face tokenizer with a chat template.
@@ -15,7 +17,9 @@ class ChatFormat:
 
     def __init__(self, tokenizer: Any):
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template; use an instruct/chat model folder")
+            raise ModelMismatch(
+                "the model's tokenizer has no chat template: pass model.path=<an instruct or chat model folder>"
+            )
         self.tokenizer = tokenizer
 
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:

@@ -4,7 +4,7 @@
     meta-agent eval [eval.tasks=[arith,gsm8k]] [eval.limit=20] [adapters=runs/X/checkpoints/sft-best] [key=value ...]
     meta-agent demos sft.source=arith sft.examples=64 demos_out=runs/demos/arith.jsonl
 
-Overrides are Hydra's (configs/config.yaml lists every key). Each run writes its resolved config
+Overrides are Hydra's (`meta-agent config` lists every key). Each run writes its resolved config
 and its traces (JSON lines) into `run_dir`.
 """
 
@@ -16,8 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import transformers
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -27,7 +25,7 @@ from meta_agent.config import commented_yaml, compose_config, load_config
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
-from meta_agent.rank_protocol import commit_lessons
+from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import generate_demos
@@ -37,7 +35,7 @@ from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
 from training.checkpoint import CheckpointError
 from training.distributed import Ranks
-from training.model_files import BackboneNotFound
+from training.model_files import BackboneNotFound, ModelMismatch
 
 console = Console()
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars would bury the episode output
@@ -152,12 +150,9 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         # A resumed run goes on in its own folder: same memory, same checkpoints, same event files.
         overrides = [*overrides, f"run_dir={run_folder(Path(resume))}"]
     cfg = load_config(overrides)
-    ranks = Ranks.start(cfg.model.device)  # one process, or this one's rank under `accelerate launch`
+    cfg, ranks = join(cfg)  # one process, or this one's rank under `accelerate launch`
     if ranks.size > 1:
-        # Each rank on its own device, in one folder named by rank 0's clock.
-        cfg = replace(
-            cfg, model=replace(cfg.model, device=ranks.device), run_dir=ranks.broadcast(cfg.run_dir)
-        )
+        cfg = replace(cfg, run_dir=ranks.broadcast(cfg.run_dir))  # one folder, named by rank 0's clock
         console.quiet = not ranks.main
     run_dir = start_run(cfg, command) if ranks.main else Path(cfg.run_dir)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
@@ -188,7 +183,7 @@ def _quote(text: str) -> str:
 
 
 # The user's mistakes: a bad key or value, a missing model, file or checkpoint, malformed data.
-USER_ERRORS = (HydraException, OmegaConfBaseException, UserError, BackboneNotFound, CheckpointError)
+USER_ERRORS = (UserError, BackboneNotFound, ModelMismatch, CheckpointError)
 
 
 def main(argv: list[str] | None = None) -> int:

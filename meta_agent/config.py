@@ -4,8 +4,8 @@
     print(commented_yaml(compose_config(["roles=single_agent"])))         # what `meta-agent config` shows
 
 The schema is the dataclasses of meta_agent.settings, registered in Hydra's ConfigStore as "schema", so
-a misspelt key fails at composition with its name. Only the entry points (meta_agent/cli.py, bench/) see
-the DictConfig; everything below them takes the Config this module returns.
+a misspelt key fails at composition with its name; every such mistake is one SettingError. Only this
+module handles DictConfigs; everything else takes the Config it returns.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from meta_agent.errors import MissingFile, SettingError
 from meta_agent.settings import Config
@@ -40,9 +42,12 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
         raise MissingFile(
             f"config folder {CONFIG_DIR} not found; set META_AGENT_CONFIGS to the repo's configs/"
         )
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    OmegaConf.resolve(cfg)
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as err:  # a misspelt key, a value of the wrong type
+        raise SettingError(str(err)) from err
     for key, role in cfg.roles.items():
         if OmegaConf.is_missing(role, "name"):
             role.name = key
@@ -60,7 +65,7 @@ def to_config(cfg: DictConfig) -> Config:
         raise SettingError(f"{', '.join(unknown)}: no such setting (`meta-agent config` lists them all)")
     try:
         return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-    except ValueError as err:  # a record's __post_init__ refused a value: the message names the key
+    except (ValueError, OmegaConfBaseException) as err:  # a record refused a value, or one is missing
         raise SettingError(str(err)) from err
 
 

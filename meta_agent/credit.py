@@ -31,7 +31,7 @@ def assign_advantages(episodes: Sequence[Episode], *, scale: bool = True) -> Non
     keys = [(role, ep.task.id) for ep, role in rows]
     for (ep, role), advantage in zip(rows, group_advantages(rewards, keys, scale=scale), strict=True):
         for turn in ep.turns:
-            if turn.role == role:
+            if turn.role == role and turn.completion_ids:  # a turn with nothing generated trains nothing
                 turn.advantage = advantage
 
 
@@ -44,7 +44,6 @@ def training_turns(episodes: Sequence[Episode]) -> list[Turn]:
 def credit_metrics(turns: Sequence[Turn], trained: Sequence[Turn], roles: Sequence[str]) -> dict[str, float]:
     """Per role, over its turns of the rollout: mean reward, mean and mean absolute advantage, and
     the share of turns no update learns from (zero-variance groups, filtered); the batch's turn counts."""
-    kept = set(trained)
     metrics = {"train/turns": float(len(turns)), "train/filtered_turns": float(len(turns) - len(trained))}
     for role in roles:
         mine = [t for t in turns if t.role == role]
@@ -53,5 +52,5 @@ def credit_metrics(turns: Sequence[Turn], trained: Sequence[Turn], roles: Sequen
             metrics[f"role/{role}/reward"] = sum(t.reward for t in mine) / n
             metrics[f"role/{role}/advantage"] = sum(t.advantage for t in mine) / n
             metrics[f"role/{role}/advantage_abs"] = sum(abs(t.advantage) for t in mine) / n
-            metrics[f"role/{role}/filtered_fraction"] = sum(t not in kept for t in mine) / n
+            metrics[f"role/{role}/filtered_fraction"] = 1 - sum(t.role == role for t in trained) / n
     return metrics

@@ -1,6 +1,6 @@
 """Demonstration episodes for the SFT warm start: the real Episode driven by scripted ideal actions.
 
-    roles = role_specs(load_config(["roles=hierarchy"]))
+    roles = load_config(["roles=hierarchy"]).role_list
     episodes = make_demos("arith", 256, roles, ChatFormat(tokenizer), default_registry())
     write_demos(episodes, "runs/demos/arith.jsonl")  # or: meta-agent demos demos_out=runs/demos/arith.jsonl
     turns = read_demos("runs/demos/arith.jsonl")  # the same Turns as ep.training_turns(i)

@@ -1,6 +1,6 @@
 """What the processes of one run agree on: who starts first, one memory, and the same adapters at the end.
 
-    ranks = Ranks.start(cfg.model.device)          # one process, or this one's rank under accelerate
+    cfg, ranks = join(cfg)                          # one process, or this one's rank under accelerate
     with rank0_first(ranks):                        # rank 0 converts the backbone and creates the memory
         system = build_system(cfg, memory_read_only=not ranks.main, ranks=ranks)
     commit_lessons(memory, lessons, ranks, private=...)   # after every batch of episodes, train and eval
@@ -17,13 +17,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from memory.types import Memory
+from meta_agent.settings import Config
 from training.backbone import Backbone
 from training.distributed import Ranks
+
+
+def join(cfg: Config) -> tuple[Config, Ranks]:
+    """This process's rank (one process without a launcher) and the config it runs with: under several
+    processes each rank's `model.device` is its own (the rank's GPU, or the CPU)."""
+    ranks = Ranks.start(cfg.model.device)
+    if ranks.size > 1:
+        cfg = replace(cfg, model=replace(cfg.model, device=ranks.device))
+    return cfg, ranks
 
 
 @contextmanager
@@ -35,6 +46,16 @@ def rank0_first(ranks: Ranks) -> Iterator[None]:
     yield
     if ranks.main:
         ranks.barrier()
+
+
+def load_rank0_adapters(backbone: Backbone, folder: Path, ranks: Ranks) -> bool:
+    """Once rank 0 has saved adapters into `folder` (it alone writes files), every rank loads them: the
+    best SFT adapters start GRPO on every rank. Returns whether there were any."""
+    ranks.barrier()
+    if not folder.exists():
+        return False
+    backbone.load_adapters(folder)
+    return True
 
 
 def commit_lessons(

@@ -19,8 +19,9 @@ from meta_agent.episode import Limits
 from roles import RoleSpec, check_roles
 from tools import ToolSettings
 from training.backbone import AdapterConfig
+from training.checkpoint import KEEP
 from training.generation import BackendSettings
-from training.generation.vllm import check_top_p
+from training.generation.vllm import check_top_p, cpu_thread_binding, lora_slot_rank
 from training.grpo import GRPOSettings
 from training.model_files import ModelConfig
 from training.trainer import UpdateSettings
@@ -32,6 +33,11 @@ class RoleConfig(RoleSpec):
 
     adapter: AdapterConfig = field(default_factory=AdapterConfig)  # this role's LoRA adapter
     lr: float = 1e-4  # this role's adapter learning rate
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.lr > 0:
+            raise ValueError(f"roles.{self.name}.lr={self.lr} must be > 0")
 
 
 @dataclass
@@ -68,7 +74,7 @@ class TrainSettings(UpdateSettings):
     eval_every: int = 10  # held-out accuracy every N steps (and before and after)
     trace_every: int = 5  # reflection traces into TensorBoard's text tab every N steps
     checkpoint_every: int = 10  # a checkpoint every N steps (and at the last); resume=<run> continues from it
-    keep_checkpoints: int = 2  # the newest N step checkpoints are kept
+    keep_checkpoints: int = KEEP  # the newest N step checkpoints are kept
     # stop GRPO once rollouts generated this many tokens, all roles (equal-budget baselines); null: no limit
     token_budget: int | None = None
 
@@ -77,7 +83,14 @@ class TrainSettings(UpdateSettings):
         for name in ("steps", "eval_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("tasks_per_step", "group_size", "eval_every", "trace_every", "checkpoint_every"):
+        for name in (
+            "tasks_per_step",
+            "group_size",
+            "eval_every",
+            "trace_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -101,6 +114,9 @@ class SFTSettings:
         for name in ("batch_size", "eval_every", "patience"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("examples", "max_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -133,11 +149,17 @@ class Config:
                 "roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent"
             )
         check_roles(list(self.roles.values()))
-        if self.backend.name in ("vllm", "vllm-cpu"):
+        if self.backend.name in (
+            "vllm",
+            "vllm-cpu",
+        ):  # what the engine refuses, refused before anything loads
             for role in self.roles.values():
                 check_top_p(
                     role.sampling.temperature, role.sampling.top_p, f"roles.{role.name}.sampling.top_p"
                 )
+            lora_slot_rank([role.adapter.r for role in self.roles.values()])
+            if self.model.device == "cpu":
+                cpu_thread_binding(self.backend.vllm.cpu_threads, self.backend.vllm.tensor_parallel_size)
 
     @property
     def role_list(self) -> list[RoleConfig]:

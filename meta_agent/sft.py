@@ -15,9 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.evaluate import held_out_accuracy
+from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
 from meta_agent.tasks import Task, next_tasks
@@ -38,7 +40,7 @@ def sft_turns(cfg: Config, system: System) -> list[Turn]:
         turns = read_demos(path, roles=[r.name for r in system.roles])
         console.print(f"sft: {len(turns)} demonstration turns from {path}")
         return turns
-    return [turn for i, ep in enumerate(generate_demos(cfg, system)) for turn in ep.training_turns(i)]
+    return training_turns(generate_demos(cfg, system))
 
 
 def generate_demos(cfg: Config, system: System) -> list[Episode]:
@@ -93,7 +95,5 @@ def run_sft(
                 since_best += 1
                 if since_best >= cfg.sft.patience:
                     break
-    ranks.barrier()  # rank 0 has written sft-best
-    if best_dir.exists():
-        system.backbone.load_adapters(best_dir)  # the best SFT adapters start GRPO
+    load_rank0_adapters(system.backbone, best_dir, ranks)  # the best SFT adapters start GRPO
     return max(best, 0.0)

@@ -138,11 +138,14 @@ def build_system(
     return System(backbone, backend, chat, roles, registry, memory, factory)
 
 
-def policy_trainer(cfg: Config, system: System, ranks: Ranks, *, lr_scale: float = 1.0) -> PolicyTrainer:
+def policy_trainer(
+    cfg: Config, system: System, ranks: Ranks, *, lr_scale: float = 1.0, backbone: Backbone | None = None
+) -> PolicyTrainer:
     """The optimizer of every role's adapter: its `lr` (times `lr_scale`: SFT's), its sampling temperature
-    to score its tokens at, the `grpo` loss and the `train` update settings."""
-    lr = {r.name: r.lr * lr_scale for r in system.roles}
-    temperature = {r.name: r.sampling.temperature for r in system.roles}
-    return PolicyTrainer(
-        system.backbone, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train, ranks=ranks
-    )
+    to score its tokens at, the `grpo` loss and the `train` update settings. `backbone`: another than the
+    system's, holding some of its roles (bench/memory_peak.py compares copies)."""
+    backbone = backbone or system.backbone
+    roles = [r for r in system.roles if r.name in backbone.adapters]
+    lr = {r.name: r.lr * lr_scale for r in roles}
+    temperature = {r.name: r.sampling.temperature for r in roles}
+    return PolicyTrainer(backbone, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train, ranks=ranks)

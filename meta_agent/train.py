@@ -29,7 +29,7 @@ from meta_agent.episode import Episode
 from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
 from meta_agent.metrics import rollout_metrics
-from meta_agent.rank_protocol import check_ranks_agree, commit_lessons, rank0_first, rollback_memory
+from meta_agent.rank_protocol import check_ranks_agree, commit_lessons, join, rank0_first, rollback_memory
 from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import run_sft, sft_turns
@@ -54,7 +54,7 @@ class Stage:
     stage: str = "sft"  # sft | grpo
     data_pos: int = 0  # tasks consumed from the shuffled training pool
     generated_tokens: int = 0  # by GRPO rollouts, all roles: the budget that baselines are compared at
-    best_sft_accuracy: float = -1.0
+    best_sft_accuracy: float = -1.0  # equals sft_accuracy once SFT ran; kept so older checkpoints load
     base_accuracy: float | None = None
     sft_accuracy: float | None = None
     memory_max_id: int = 0  # newest memory entry at the checkpoint; later writes are undone on resume
@@ -62,7 +62,8 @@ class Stage:
 
 def train(cfg: Config, run_dir: Path, ranks: Ranks | None = None) -> dict[str, float]:
     """Train as `cfg` says, writing into `run_dir`; returns the held-out accuracies and the budget used."""
-    ranks = ranks or Ranks()
+    if ranks is None:  # as `meta-agent train` does: this process's rank, on its own device
+        cfg, ranks = join(cfg)
     if ranks.size > 1 and cfg.train.tasks_per_step < ranks.size:
         raise SettingError(
             f"train.tasks_per_step={cfg.train.tasks_per_step} gives some of the {ranks.size} processes no "
@@ -130,7 +131,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
                 log.scalars({"eval/accuracy": accuracy}, state.step)
             if state.step % cfg.train.checkpoint_every == 0 or state.step == cfg.train.steps:
                 checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
-            reward = sum(ep.rewards.get(executor, 0.0) for ep in episodes) / len(episodes)
+            reward = metrics.get(f"role/{executor}/reward", 0.0)  # the first executor's, as logged
             advance(
                 f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {accuracy:.2f}  {elapsed:.1f} s/step"
             )

@@ -1,7 +1,8 @@
 """Role specs: what a role is told, which tools it may call, how it samples and how it is rewarded.
 
-These records are the schema of the `roles:` config (meta_agent/config.py registers them with Hydra and
-adds each role's adapter and learning rate); the episode code takes them as plain typed data.
+These records are the schema of the `roles:` config (meta_agent.settings.RoleConfig adds each role's
+adapter and learning rate; meta_agent/config.py registers them with Hydra); the episode code takes them
+as plain typed data.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class RewardSpec:
     """How one episode's outcome becomes this role's reward (`roles.<role>.reward`, see roles.rewards)."""
 
     correct: float = 1.0  # the episode's final answer passed the task's verifier
-    wrong: float = 0.0
+    wrong: float = 0.0  # it did not
     # no tagged answer (executor); a plan or reflection that broke or never closed its tags (meta-thinker)
     format_penalty: float = 0.2
     tool_error_penalty: float = 0.05  # executor: per failed or malformed tool call

@@ -19,8 +19,8 @@ def test_trl_config_mirrors_the_experiment(tmp_path):
     assert config.steps_per_generation == config.gradient_accumulation_steps == 4  # ...one optimizer step
     assert config.per_device_train_batch_size == cfg.train.micro_batch_size == 2
     assert config.generation_kwargs == {"min_new_tokens": 16}  # EOS never ends a completion early
-    assert config.temperature == cfg.roles.executor.sampling.temperature
-    assert config.learning_rate == cfg.roles.executor.lr
+    assert config.temperature == cfg.roles["executor"].sampling.temperature
+    assert config.learning_rate == cfg.roles["executor"].lr
     assert (config.epsilon, config.epsilon_high) == (cfg.grpo.eps_low, cfg.grpo.eps_high)
     assert config.beta == cfg.grpo.beta == 0.0
     assert not config.gradient_checkpointing and not config.bf16

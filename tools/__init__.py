@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from memory.types import Memory
 from tools.calculator import Calculator
 from tools.conformance import check_tool
-from tools.memory_search import MemorySearch
+from tools.memory_search import MEMORY_SEARCH_K, MemorySearch
 from tools.registry import ToolRegistry, parse_tool_call
 from tools.sandbox import PythonSandbox, SandboxLimits
 from tools.types import BAD_CALL, FAILED, MEMORY_EXCEEDED, TIMEOUT, Tool, ToolResult
@@ -21,7 +21,7 @@ class ToolSettings:
     """The `tools:` settings."""
 
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)  # the python tool's limits
-    memory_search_k: int = 3  # hits returned by the memory_search tool
+    memory_search_k: int = MEMORY_SEARCH_K  # hits returned by the memory_search tool
 
 
 def build_registry(

@@ -20,12 +20,15 @@ from tools.types import ToolResult
 NO_HITS = "no memories found"
 
 
+MEMORY_SEARCH_K = 3  # hits a search returns (tools.memory_search_k)
+
+
 @dataclass(frozen=True)
 class MemorySearch:
     """Tool `memory_search`, arguments {"query": str}: the k best memories as numbered lines."""
 
     memory: Memory
-    k: int = 3
+    k: int = MEMORY_SEARCH_K
     max_query_chars: int = 1000
     max_entry_chars: int = 400  # one long entry must not crowd the others out of the context
     name: str = "memory_search"

@@ -23,7 +23,14 @@ from transformers import AutoModelForCausalLM
 
 from training.attention import use_gqa_attention
 from training.distributed import Ranks
-from training.model_files import ModelConfig, load_tokenizer, pad_token_id, resolve_model_dir, torch_dtype
+from training.model_files import (
+    ModelConfig,
+    ModelMismatch,
+    load_tokenizer,
+    pad_token_id,
+    resolve_model_dir,
+    torch_dtype,
+)
 from training.sharding import Lockstep, Sharding, shard_model
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -61,7 +68,7 @@ class AdapterConfig:
         layers = None
         if self.top_layers is not None:
             if num_layers is None or not 1 <= self.top_layers <= num_layers:
-                raise ValueError(
+                raise ModelMismatch(
                     f"adapter top_layers={self.top_layers} must be between 1 and the model's {num_layers} layers"
                 )
             layers = list(range(num_layers - self.top_layers, num_layers))

@@ -1,4 +1,4 @@
-"""Turn records -> padded tensors, and per-token logprobs of completions under one adapter.
+"""Turn records -> padded tensors, the logits that predict their completions, and micro-batches.
 
 Sequences are left-padded so every completion ends at the last position: the model then computes
 logits only for the last `K` positions (`logits_to_keep`), where K covers the longest completion.

@@ -39,6 +39,7 @@ ADAPTERS_DIR = "adapters"
 CHECKPOINTS_DIR = "checkpoints"  # a run folder keeps its checkpoint root here
 TMP_PREFIX = ".tmp-"
 FORMAT_VERSION = 1
+KEEP = 2  # the newest step checkpoints kept (train.keep_checkpoints)
 _STEP_DIR = re.compile(r"step-(\d{6,})")
 
 
@@ -169,7 +170,7 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def save_checkpoint(
-    root: str | Path, step: int, trainer: PolicyTrainer, state: Mapping[str, Any], keep: int = 2
+    root: str | Path, step: int, trainer: PolicyTrainer, state: Mapping[str, Any], keep: int = KEEP
 ) -> Path:
     """Write `root/step-{step:06d}/` atomically, point `root/latest` at it, keep the `keep` newest.
 

@@ -1,7 +1,8 @@
 """GRPO maths as small pure functions: group advantages, token logprobs, ratios, clipped loss, aggregation.
 
-Tensors in, tensors out; nothing here knows about roles, episodes or models. Shapes: B rows (one row is
-one role turn), T completion tokens, V vocabulary. `mask` is 1 on generated tokens and 0 on padding and on
+Tensors in, tensors out (advantages and the choice of trainable turns: floats and Turn records); nothing
+here knows about episodes or models. Shapes: B rows (one row is one role turn), T completion tokens, V
+vocabulary. `mask` is 1 on generated tokens and 0 on padding and on
 observation tokens (tool results), which never contribute to a loss or a metric.
 
     ratio = importance_ratio(logprobs, old_logprobs, mask, "token")
@@ -29,6 +30,7 @@ from torch import Tensor
 from training.types import Turn
 
 RATIO_LEVELS = ("token", "turn", "sequence")
+FLAT = 1e-6  # rewards within this of each other count as equal: the group has no signal
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
 
 
@@ -101,7 +103,7 @@ def _sample_std(values: Sequence[float]) -> float:
 
 
 def zero_variance_groups(
-    rewards: Sequence[float], keys: Sequence[Hashable], eps: float = 1e-6
+    rewards: Sequence[float], keys: Sequence[Hashable], eps: float = FLAT
 ) -> set[Hashable]:
     """Keys of groups whose rewards are all equal (max - min <= eps), groups of one included.
 
@@ -115,7 +117,7 @@ def zero_variance_groups(
 
 
 def group_advantages(
-    rewards: Sequence[float], keys: Sequence[Hashable], *, scale: bool = True, eps: float = 1e-6
+    rewards: Sequence[float], keys: Sequence[Hashable], *, scale: bool = True, eps: float = FLAT
 ) -> list[float]:
     """Each reward minus its group's mean, divided by (group sample std + eps) when `scale`.
 
@@ -136,7 +138,7 @@ def group_advantages(
     return advantages
 
 
-def trainable_turns(turns: Sequence[Turn], *, filter_zero_variance: bool, eps: float = 1e-6) -> list[Turn]:
+def trainable_turns(turns: Sequence[Turn], *, filter_zero_variance: bool, eps: float = FLAT) -> list[Turn]:
     """The turns a GRPO update learns from, in order: those with a generated token, and, when
     `filter_zero_variance`, only those of (role, group) groups whose rewards differ (the others have
     advantage 0: no gradient, only cost and dilution)."""

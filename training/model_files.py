@@ -30,6 +30,10 @@ class BackboneNotFound(RuntimeError):
     """The backbone's weights are not where the config says: the package is missing or model.path is wrong."""
 
 
+class ModelMismatch(ValueError):
+    """A setting does not fit the loaded model (more adapter layers than it has, no chat template)."""
+
+
 @dataclass
 class ModelConfig:
     """The `model:` settings: which weights, where their converted copy is cached, dtype and device."""
@@ -49,9 +53,15 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
-        torch_dtype(self.dtype, self.device)  # an unknown dtype fails here, before anything loads
+        if self.dtype != "auto":  # an unknown dtype fails here, before anything loads (auto: at load)
+            torch_dtype(self.dtype, self.device)
         if self.fsdp_offload and not self.fsdp:
             raise ValueError("model.fsdp_offload=true offloads FSDP shards: set model.fsdp=true with it")
+        if self.fsdp_offload and not self.device.startswith("cuda"):
+            raise ValueError(
+                "model.fsdp_offload=true keeps the shards in CPU memory for a GPU to fetch: it needs "
+                "model.device=cuda (on a CPU the shards already live in CPU memory: drop fsdp_offload)"
+            )
 
 
 def pad_token_id(tokenizer) -> int:

@@ -82,11 +82,8 @@ def shard_model(
     parameters `adapters` whole (see the module doc). The model may sit on the CPU: each layer's shard
     moves to the rank's device as it is sharded, the adapters after. `pad_id` feeds the empty passes."""
     device = torch.device(ranks.device)
-    if offload and device.type != "cuda":
-        raise ValueError(
-            "model.fsdp_offload=true keeps the shards in CPU memory for a GPU to fetch: it needs "
-            "model.device=cuda (on a CPU the shards already live in CPU memory: drop fsdp_offload)"
-        )
+    if offload and device.type != "cuda":  # ModelConfig refuses this for configs; here for direct callers
+        raise ValueError(f"offloaded shards are fetched by a GPU: rank device {device} is not one")
     base = model.get_base_model()  # the transformers model inside PEFT's wrapper
     units = set(getattr(base, "_no_split_modules", None) or ())
     layers = [m for m in base.modules() if type(m).__name__ in units]

@@ -111,6 +111,13 @@ def test_bad_input_is_one_clear_error(override, message, tmp_path, capsys):
     assert "error:" in out and message in out.replace("\n", "")
 
 
+def test_a_setting_the_model_cannot_take_is_one_clear_error(tiny_model_dir, tmp_path, capsys):
+    args = [f"model.path={tiny_model_dir}", "roles.executor.adapter.top_layers=9", "memory.enabled=false"]
+    assert main(["eval", *args, f"run_dir={tmp_path / 'run'}"]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("error: adapter top_layers=9 must be between 1 and the model's 2 layers")
+
+
 def test_an_internal_bug_keeps_its_traceback(monkeypatch, tmp_path):
     """Only the user's mistakes become one line: a ValueError from a bug (a zip(strict=True) that does
     not match, say) propagates with its traceback."""

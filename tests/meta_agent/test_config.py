@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from meta_agent.config import (
@@ -28,18 +27,23 @@ ROLE_SETS = sorted(p.stem for p in (CONFIG_DIR / "roles").glob("*.yaml"))
 
 
 def records(record: type = Config, seen: set | None = None) -> set[type]:
-    """Every settings dataclass reachable from `record` through its fields."""
+    """Every settings dataclass reachable from `record` through its fields' defaults, and RoleConfig
+    (the values of roles:, an empty dict by default) with everything under it."""
     seen = set() if seen is None else seen
     seen.add(record)
-    hints = {f.name: f.type for f in dataclasses.fields(record)}
-    for name in hints:
-        value = record.__dataclass_fields__[name]
-        default = value.default_factory() if value.default_factory is not dataclasses.MISSING else None
-        for candidate in (default, *(default.values() if isinstance(default, dict) else ())):
-            if dataclasses.is_dataclass(candidate) and type(candidate) not in seen:
-                records(type(candidate), seen)
-    seen.add(RoleConfig)  # the values of roles: (an empty dict by default)
+    for f in dataclasses.fields(record):
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default) and type(default) not in seen:
+                records(type(default), seen)
+    if record is Config:
+        records(RoleConfig, seen)
     return seen
+
+
+def test_the_records_checked_cover_every_section():
+    names = {r.__name__ for r in records()}
+    assert {"SamplingSpec", "RewardSpec", "AdapterConfig", "VLLMSettings", "SandboxLimits", "Limits"} <= names
 
 
 def test_the_library_records_are_the_schema():
@@ -81,7 +85,7 @@ def test_every_experiment_starts_with_the_command_that_runs_it():
 
 
 def test_a_misspelt_key_fails_at_start_up_with_its_name():
-    with pytest.raises(ConfigCompositionException, match="max_roundz"):
+    with pytest.raises(SettingError, match="max_roundz"):
         load_config(["protocol.max_roundz=3"])
     with pytest.raises(SettingError, match="roles.executor.samplng: no such setting"):
         load_config(["+roles.executor.samplng.temperature=0.1"])  # `+` adds the key past Hydra's check
@@ -98,6 +102,11 @@ def test_a_misspelt_key_fails_at_start_up_with_its_name():
         ("roles.executor.name=other", "a role is named by its key"),
         ("model.dtype=int8", "model.dtype=int8 is not"),
         ("tools.sandbox.timeout_s=0", "tools.sandbox.timeout_s must be positive"),
+        ("roles.executor.lr=0", "roles.executor.lr=0.0 must be > 0"),
+        ("train.keep_checkpoints=0", "train.keep_checkpoints must be >= 1"),
+        ("sft.examples=-1", "sft.examples must be >= 0"),
+        ("model.fsdp_offload=true", "set model.fsdp=true with it"),
+        ("eval.episodes_per_batch=0", "eval.episodes_per_batch must be >= 1"),
     ],
 )
 def test_a_bad_value_is_one_setting_error_naming_the_key(override, message):

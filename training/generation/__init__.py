@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from training.backbone import Backbone
-from training.generation.hf import HFBackend
+from training.generation.hf import BATCH_SIZE, PREFIX_CACHE_MB, HFBackend
 from training.generation.vllm import VLLMBackend, VLLMSettings
 from training.types import GenerationBackend, GenerationRequest, GenerationResult, SamplingParams
 
@@ -23,9 +23,9 @@ class BackendSettings:
     """The `backend:` settings: which generation backend, and its own settings."""
 
     name: str = "hf"  # hf: transformers, mixed adapters in one batch | vllm: pip install 'meta-agent[vllm]'
-    batch_size: int = 16  # hf: rows per forward pass; lower it if memory is short
+    batch_size: int = BATCH_SIZE  # hf: rows per forward pass; lower it if memory is short
     # hf: key/value states of prompts an episode extends (after a tool result, plan -> reflection); 0 = off
-    prefix_cache_mb: float = 2048
+    prefix_cache_mb: float = PREFIX_CACHE_MB
     # vllm: one engine, one LoRA slot per role, adapters synced after every update
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
 

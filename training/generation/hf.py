@@ -22,6 +22,8 @@ from training.mixed_lora import RowAdapters
 from training.types import GenerationRequest, GenerationResult
 
 NUCLEUS_CANDIDATES = 1024
+BATCH_SIZE = 16  # rows per forward pass (backend.batch_size)
+PREFIX_CACHE_MB = 2048  # key/value states kept for prompts that extend earlier ones (backend.prefix_cache_mb)
 
 
 def default_eos_ids(backbone: Backbone) -> frozenset[int]:
@@ -66,9 +68,9 @@ class HFBackend:
     def __init__(
         self,
         backbone: Backbone,
-        batch_size: int = 16,
+        batch_size: int = BATCH_SIZE,
         eos_token_ids: Iterable[int] | None = None,
-        prefix_cache_mb: float = 2048,
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ):
         if batch_size < 1:
             raise ValueError(f"generation batch_size={batch_size} must be >= 1")

@@ -92,7 +92,10 @@ def lora_slot_rank(ranks: Sequence[int]) -> int:
     for rank in LORA_RANKS:
         if rank >= max(ranks):
             return rank
-    raise ValueError(f"LoRA rank {max(ranks)} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
+    raise ValueError(
+        f"roles.<role>.adapter.r={max(ranks)} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}: "
+        "lower it or use backend.name=hf"
+    )
 
 
 def cpu_thread_binding(setting: str, workers: int = 1, cores: Sequence[int] | None = None) -> str:
