@@ -3,6 +3,8 @@
     meta-agent solve "A depot holds 48,213 crates ..." [key=value ...]
     meta-agent eval [eval.tasks=[arith,gsm8k]] [eval.limit=20] [adapters=runs/X/checkpoints/sft-best] [key=value ...]
     meta-agent demos sft.source=arith sft.examples=64 demos_out=runs/demos/arith.jsonl
+    meta-agent probe adapters=runs/X [probe.meta_thinker_from=runs/Y] [key=value ...]
+    meta-agent report runs/X
 
 Overrides are Hydra's (`meta-agent config` lists every key). Each run writes its resolved config
 and its traces (JSON lines) into `run_dir`.
@@ -10,34 +12,39 @@ and its traces (JSON lines) into `run_dir`.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import transformers
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from meta_agent.config import commented_yaml, compose_config, load_config
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
+from meta_agent.probe import mixed_slots, probe, write_probe
 from meta_agent.rank_protocol import commit_lessons, join
+from meta_agent.report import write_report
 from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import generate_demos
 from meta_agent.system import build_system
+from meta_agent.tables import accuracy_table, reflection_table, seed_table
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
+from training.backbone import Backbone
 from training.checkpoint import CheckpointError
 from training.distributed import Ranks
 from training.model_files import BackboneNotFound, ModelMismatch
 
-console = Console()
+# Piped or captured output keeps whole table rows (a terminal's own width is used as it is).
+console = Console(width=None if Console().is_terminal else 160)
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars would bury the episode output
 
 USAGE = """usage: meta-agent COMMAND [ARGS] [key=value ...]
@@ -49,6 +56,9 @@ commands:
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   demos              write sft.examples demonstrations of sft.source (arith | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
+  probe              counterfactual arms (plan removed, another problem's plan, no reflection, two
+                     checkpoints' roles mixed, executors alone) against the hierarchy; probe.json, probe.md
+  report RUN_DIR     an HTML report of a run: figures of its metrics, episodes round by round
   config             print the resolved config, every key with what it means
 
 overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
@@ -85,41 +95,92 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
 def cmd_eval(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     run_dir = start_run(cfg, "eval")
-    limit = cfg.eval.limit
-    tasks = {name: load_tasks(name, cfg.eval.split, limit=limit, seed=cfg.seed) for name in cfg.eval.tasks}
+    tasks = {
+        name: load_tasks(name, cfg.eval.split, limit=cfg.eval.limit, seed=cfg.seed) for name in cfg.eval.tasks
+    }
     with console.status("loading the backbone"):
         system = build_system(cfg)
-    total = sum(len(t) for t in tasks.values())
+    seeds = cfg.eval.seeds or [cfg.seed]
+    total = sum(len(t) for t in tasks.values()) * cfg.eval.samples * len(seeds)
     started = time.perf_counter()
     columns = [TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    traces = TraceWriter(run_dir / "traces.jsonl")
+    runs = {}
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("eval", total=total)
-        scores = evaluate(
-            system,
-            tasks,
-            cfg.eval,
-            seed=cfg.seed,
-            traces=TraceWriter(run_dir / "traces.jsonl"),
-            on_batch=lambda n: progress.advance(bar, n),
+        for seed in seeds:  # the same problems, sampled with each seed
+            advance = lambda n: progress.advance(bar, n)  # noqa: E731
+            runs[seed] = evaluate(system, tasks, cfg.eval, seed=seed, traces=traces, on_batch=advance)
+    system.close()
+    roles = ", ".join(r.name for r in system.roles)
+    for seed, scores in runs.items():
+        console.print(
+            accuracy_table(scores, f"roles: {roles}" + (f"   seed {seed}" if len(runs) > 1 else ""))
+        )
+    console.print(
+        reflection_table(
+            {
+                f"{t}" + (f" s{seed}" if len(runs) > 1 else ""): sc
+                for seed, scores in runs.items()
+                for t, sc in scores.items()
+            }
+        )
+    )
+    if len(runs) > 1:
+        console.print(seed_table(runs))
+    results = run_dir / "eval.json"
+    results.write_text(
+        json.dumps(
+            {
+                str(seed): {t: {**asdict(sc), "accuracy": sc.accuracy} for t, sc in scores.items()}
+                for seed, scores in runs.items()
+            },
+            indent=1,
+        )
+    )
+    console.print(f"{total} episodes in {time.perf_counter() - started:.0f} s")
+    console.print(
+        f"traces: {run_dir / 'traces.jsonl'}   scores: {results}   config: {run_dir / 'config.yaml'}"
+    )
+    return 0
+
+
+def cmd_probe(overrides: list[str]) -> int:
+    cfg = load_config(overrides)
+    run_dir = start_run(cfg, "probe")
+    tasks = load_tasks(cfg.probe.task, cfg.probe.split, limit=cfg.probe.limit, seed=cfg.seed)
+    # The mixed arm's adapters sit beside the roles' own in one backbone, loaded once.
+    slots = mixed_slots(list(cfg.roles)) if "mixed" in cfg.probe.arms else {}
+    with console.status("loading the backbone"):
+        extra = {slot: cfg.roles[role].adapter for role, slot in slots.items()}
+        backbone = Backbone.load(cfg.model, cfg.role_adapters | extra, seed=cfg.seed)
+        system = build_system(cfg, backbone)
+    started = time.perf_counter()
+    with console.status(
+        f"probing {len(tasks)} problems x {len(cfg.probe.arms) + 1} arms in one batched rollout"
+    ):
+        results, episodes = probe(
+            system, tasks, cfg.probe, seed=cfg.seed, temperature=cfg.eval.temperature, adapters=cfg.adapters
         )
     system.close()
-    table = Table(title=f"roles: {', '.join(r.name for r in system.roles)}")
-    for col in ("task", "accuracy", "correct", "answered", "tool calls", "tool errors", "leaks", "tokens"):
-        table.add_column(col, justify="right" if col != "task" else "left")
-    for s in scores.values():
-        table.add_row(
-            s.task,
-            f"{s.accuracy:.3f}",
-            f"{s.correct}/{s.total}",
-            str(s.answered),
-            str(s.tool_calls),
-            str(s.tool_errors),
-            str(s.leaks),
-            str(s.generated_tokens),
-        )
-    console.print(table)
-    console.print(f"{total} episodes in {time.perf_counter() - started:.0f} s")
-    console.print(f"traces: {run_dir / 'traces.jsonl'}   config: {run_dir / 'config.yaml'}")
+    traces = TraceWriter(run_dir / "traces.jsonl")
+    for arm, played in episodes.items():
+        traces.write(played, split="probe", arm=arm)
+    header = {
+        "adapters": cfg.adapters,
+        "task": cfg.probe.task,
+        "split": cfg.probe.split,
+        "problems": len(tasks),
+        "seed": cfg.seed,
+        "temperature": cfg.eval.temperature,
+        "roles": list(cfg.roles),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    json_path, md_path = write_probe(results, run_dir, header)
+    console.print(Markdown(md_path.read_text(encoding="utf-8")))
+    console.print(
+        f"{len(tasks)} problems in {header['seconds']:.0f} s   results: {json_path}   table: {md_path}"
+    )
     return 0
 
 
@@ -215,6 +276,15 @@ def _dispatch(args: list[str]) -> int:
         return cmd_train(["sft.enabled=true", "train.steps=0", *rest], command="sft")
     if command == "demos":
         return cmd_demos(rest)
+    if command == "probe":
+        return cmd_probe(rest)
+    if command == "report":
+        if len(rest) != 1 or "=" in rest[0]:
+            print("meta-agent report needs the run folder: meta-agent report runs/<run>")
+            return 2
+        out = write_report(Path(rest[0]))
+        console.print(f"report: {out}   figures: {out.parent / 'figures'}")
+        return 0
     if command == "config":
         composed = compose_config(rest)
         load_config(rest)  # every value checked, as a run would at start-up

@@ -10,11 +10,23 @@ sampled tokens back (`advance`). The batched runner and the PettingZoo env both 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 
 from memory.types import MemoryHit
 from meta_agent.chat import ChatFormat
+from meta_agent.episode_records import (
+    ACCEPT,
+    EXECUTE,
+    PLAN,
+    REFLECT,
+    REVISE,
+    WORK_CHARS,
+    Limits,
+    Request,
+    RoundRecord,
+    ToolCall,
+    TurnRecord,
+)
 from meta_agent.tasks import Task
 from roles import (
     META_THINKER,
@@ -33,65 +45,19 @@ from tools.registry import ToolRegistry, parse_tool_call
 from tools.types import BAD_CALL, ToolResult
 from training.types import SamplingParams, Turn
 
-PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
-WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
-
-
-@dataclass
-class Limits:
-    """The `protocol:` settings: how long one episode may run."""
-
-    max_rounds: int = 2  # plan -> execute -> reflect rounds; a revision starts the next one
-    max_turns: int = 8  # role turns in the whole episode
-    max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
-    max_tool_calls: int = 4  # tool calls per executor turn
-
-    def __post_init__(self) -> None:
-        for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):
-            if getattr(self, name) < (0 if name == "max_tool_calls" else 1):
-                raise ValueError(f"protocol.{name}={getattr(self, name)} is out of range")
-
-
-@dataclass(frozen=True)
-class Request:
-    """The next generation the episode needs: the role's sampling, with the stops of its turn and at
-    most the episode's remaining token budget."""
-
-    role: str
-    prompt_ids: tuple[int, ...]
-    sampling: SamplingParams
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # the raw call body, as the model wrote it
-    output: str
-    ok: bool
-    error: str | None
-
-
-@dataclass
-class TurnRecord:
-    """One role turn while it is being played; tool results sit in the completion with mask 0."""
-
-    role: str
-    kind: str  # plan | execute | reflect
-    round: int
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    text: str = ""  # completion text including observations, as shown in traces
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    answer: str | None = None
-    format_ok: bool = False
-    reward: float = 0.0
-    advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.credit)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(self.mask)
+__all__ = [
+    "ACCEPT",
+    "EXECUTE",
+    "REVISE",
+    "PLAN",
+    "REFLECT",
+    "Episode",
+    "Limits",
+    "Request",
+    "RoundRecord",
+    "ToolCall",
+    "TurnRecord",
+]
 
 
 class Episode:
@@ -105,10 +71,15 @@ class Episode:
         limits: Limits | None = None,
         memories: Sequence[MemoryHit] = (),
         final_reflection: bool = True,
+        *,
+        show_plan: bool = True,
+        adapters: Mapping[str, str] | None = None,
     ):
         """`final_reflection=False` ends the episode after the executors of the last round: that
         reflection can neither revise nor change the answer, only write a lesson (scoring that keeps
-        no lessons skips it)."""
+        no lessons skips it). The counterfactual probes (meta_agent.probe) change two more things:
+        `show_plan=False` keeps the plan out of the executors' prompts, and `adapters` maps a role to
+        the adapter its requests run on (default: the role's own)."""
         check_roles(roles)
         self.task = task
         self.roles = {r.name: r for r in roles}
@@ -120,7 +91,10 @@ class Episode:
         self.limits = limits or Limits()
         self.memories = list(memories)
         self.final_reflection = final_reflection
+        self.show_plan = show_plan
+        self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.turns: list[TurnRecord] = []
+        self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
         self.plan: str | None = None
         self.final_answer: str | None = None
@@ -160,7 +134,9 @@ class Episode:
             max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
             stop=stop[turn.kind],
         )
-        return Request(turn.role, tuple(turn.prompt_ids + turn.completion_ids), sampling)
+        return Request(
+            turn.role, tuple(turn.prompt_ids + turn.completion_ids), sampling, self.adapters[turn.role]
+        )
 
     def observation(self) -> str:
         """The text the acting role sees now: its prompt and its own turn so far."""
@@ -251,7 +227,8 @@ class Episode:
             and not lesson_open
         )
         self.lesson = out.lesson
-        revise = out.verdict == "revise" and self.round + 1 < self.limits.max_rounds
+        self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
+        revise = out.verdict == REVISE and self.round + 1 < self.limits.max_rounds
         if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
             self.round += 1
             self.plan = out.plan or self.plan
@@ -275,6 +252,7 @@ class Episode:
             self._executor_index += 1
             self._start_turn(EXECUTE)
         elif self.meta is not None and (self.final_reflection or self.round + 1 < self.limits.max_rounds):
+            self._grade_round()
             self._start_turn(REFLECT)
         else:
             self._finish(truncated=False)
@@ -292,7 +270,8 @@ class Episode:
                 {"role": "user", "content": role.user_text(self.task.question, memories=memories)}
             )
         elif kind == EXECUTE:
-            plan = f"Plan from the meta-thinker:\n{self.plan}\n\n" if self.plan else ""
+            shown = self.plan if self.show_plan else None
+            plan = f"Plan from the meta-thinker:\n{shown}\n\n" if shown else ""
             user = role.user_text(
                 self.task.question, memories=memories, plan=plan, previous=self._previous_block()
             )
@@ -347,11 +326,26 @@ class Episode:
 
     # ---- outcome -----------------------------------------------------------------------------
 
+    def _grade_round(self) -> None:
+        """Grade this round's answer, once: when its executors are done, or when the episode ends."""
+        if self.rounds and self.rounds[-1].index == self.round:
+            return
+        answer = self._round_answer()
+        correct = bool(answer) and self.grade(answer, self.task.answer)
+        shown = self.plan if self.show_plan else None
+        self.rounds.append(RoundRecord(self.round, answer, correct, plan=shown))
+
     def _finish(self, *, truncated: bool) -> None:
+        self._grade_round()
+        self.rounds[-1].ended = True
         self.truncated = truncated
         answers = [t.answer for t in self.turns if t.kind == EXECUTE and t.answer is not None]
         self.final_answer = answers[-1] if answers else None
-        self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task.answer)
+        graded = {r.answer: r.correct for r in self.rounds}
+        if self.final_answer in graded:  # the answer of a round, graded already
+            self.correct = graded[self.final_answer]
+        else:
+            self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task.answer)
         for role in self.roles.values():
             turns = [t for t in self.turns if t.role == role.name]
             if not turns:

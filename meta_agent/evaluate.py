@@ -1,14 +1,23 @@
-"""Evaluation: play the hierarchy on benchmark tasks, score with the task's verifier, keep traces."""
+"""Evaluation: play the hierarchy on benchmark tasks, score with the task's verifier, keep traces.
+
+    scores = evaluate(system, {"arith": tasks}, cfg.eval, seed=cfg.seed)   # per task: a TaskScore
+
+With `eval.samples=k` each problem is played k times at the roles' temperatures: pass@k (the unbiased
+estimator), maj@k (the majority answer's accuracy) and the mean accuracy with its 95% interval over
+problems; the reflection metrics (meta_agent.reflection) of every episode come with each score.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meta_agent.episode import Episode
 from meta_agent.rank_protocol import commit_lessons
+from meta_agent.reflection import reflected, reflection_metrics
 from meta_agent.runner import play
 from meta_agent.settings import EvalSettings
+from meta_agent.stats import majority, mean_interval, pass_at_k
 from meta_agent.system import System
 from meta_agent.tasks import Task
 from meta_agent.trace import TraceWriter
@@ -17,21 +26,48 @@ from training.distributed import Ranks
 
 @dataclass(frozen=True)
 class TaskScore:
+    """One task's evaluation: counts over every episode, and per problem over its `samples` episodes."""
+
     task: str
-    correct: int
-    total: int
+    correct: int  # correct episodes, all samples
+    total: int  # episodes: problems x samples
     answered: int  # episodes that produced any answer
     tool_calls: int
     tool_errors: int
     leaks: int
     generated_tokens: int
+    samples: int = 1  # episodes per problem
+    pass_at: dict[int, float] = field(default_factory=dict)  # k -> pass@k, the unbiased estimator
+    maj_accuracy: float | None = None  # accuracy of each problem's majority answer (samples > 1)
+    interval: tuple[float, float] = (0.0, 0.0)  # 95% interval of the accuracy, over problems
+    reflection: dict[str, float | None] = field(default_factory=dict)  # meta_agent.reflection
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.total if self.total else 0.0
 
+    @property
+    def problems(self) -> int:
+        return self.total // max(self.samples, 1)
 
-def score(name: str, episodes: Sequence[Episode]) -> TaskScore:
+
+def pass_ks(samples: int) -> list[int]:
+    """The k of pass@k reported for `samples` per problem: 1, 2, 4, ... and `samples` itself."""
+    ks = [1]
+    while ks[-1] * 2 < samples:
+        ks.append(ks[-1] * 2)
+    return sorted({*ks, samples})
+
+
+def score(name: str, episodes: Sequence[Episode], samples: int = 1) -> TaskScore:
+    """The score of `episodes`, played problem by problem with `samples` consecutive episodes each."""
+    problems = [episodes[i : i + samples] for i in range(0, len(episodes), samples)]
+    per_problem = [sum(ep.correct for ep in group) / len(group) for group in problems]
+    majority_right = []
+    for group in problems:
+        pick = majority([normal_answer(ep.final_answer) for ep in group])
+        majority_right.append(pick is not None and group[pick].correct)
+    _, low, high = mean_interval(per_problem) if per_problem else (0.0, 0.0, 0.0)
     return TaskScore(
         task=name,
         correct=sum(ep.correct for ep in episodes),
@@ -41,7 +77,24 @@ def score(name: str, episodes: Sequence[Episode]) -> TaskScore:
         tool_errors=sum(ep.tool_errors for ep in episodes),
         leaks=sum(ep.leaked for ep in episodes),
         generated_tokens=sum(t.generated_tokens for ep in episodes for t in ep.turns),
+        samples=samples,
+        pass_at={
+            k: sum(pass_at_k(len(g), sum(ep.correct for ep in g), k) for g in problems) / len(problems)
+            for k in pass_ks(samples)
+        }
+        if problems
+        else {},
+        maj_accuracy=sum(majority_right) / len(problems) if problems and samples > 1 else None,
+        interval=(low, high),
+        reflection=reflection_metrics([reflected(ep) for ep in episodes]),
     )
+
+
+def normal_answer(answer: str | None) -> str | None:
+    """An answer as majority voting compares it: without spaces, thousands commas and a final period."""
+    if answer is None:
+        return None
+    return "".join(answer.split()).replace(",", "").rstrip(".") or None
 
 
 def evaluate(
@@ -56,7 +109,9 @@ def evaluate(
     final_reflection: bool = True,
     ranks: Ranks | None = None,
 ) -> dict[str, TaskScore]:
-    """One episode per task, played `settings.episodes_per_batch` at a time at `settings.temperature`.
+    """`settings.samples` episodes per problem, played `settings.episodes_per_batch` at a time: greedy
+    at `settings.temperature` 0 with one sample; with more, each role samples at its own temperature
+    (or at `settings.temperature` when that is above 0).
 
     Lessons are committed per batch when `write_lessons` (default `settings.write_lessons`); held-out
     evaluation during training never writes what it saw of the test set into the memory it trains with.
@@ -64,22 +119,24 @@ def evaluate(
     """
     write = settings.write_lessons if write_lessons is None else write_lessons
     ranks = ranks or Ranks()
+    temperature = None if settings.samples > 1 and settings.temperature == 0 else settings.temperature
     scores = {}
     for name, task_list in tasks.items():
         played: list[Episode] = []
-        for start in range(0, len(task_list), settings.episodes_per_batch):
-            chunk = task_list[start : start + settings.episodes_per_batch]
+        items = [t for t in task_list for _ in range(settings.samples)]
+        for start in range(0, len(items), settings.episodes_per_batch):
+            chunk = items[start : start + settings.episodes_per_batch]
             batch = [system.factory.new(t, final_reflection=final_reflection) for t in chunk]
-            play(batch, system.backend, seed=seed + start, temperature=settings.temperature)
+            play(batch, system.backend, seed=seed + start, temperature=temperature)
             if write:
                 lessons = system.factory.lessons(batch)
                 commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
             if traces is not None:
-                traces.write(batch, split="eval")
+                traces.write(batch, split="eval", seed=seed)
             played += batch
             if on_batch is not None:
                 on_batch(len(batch))
-        scores[name] = score(name, played)
+        scores[name] = score(name, played, settings.samples)
     return scores
 
 

@@ -11,21 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meta_agent.episode import Episode
-from roles import RoleSpec, meta_thinker
+from roles import RoleSpec
 
 
 def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> dict[str, float]:
-    """Accuracy, tools, memory, leaks, truncation and rounds per episode; per role its answers'
-    accuracy, response length, tool use and kept format."""
+    """Accuracy, tools, memory and truncation per episode; per role its answers' accuracy, response
+    length, tool use and kept format. Rounds and leaks are reflection metrics (meta_agent.reflection)."""
     n = max(len(episodes), 1)
     metrics = {
         "rollout/accuracy": sum(ep.correct for ep in episodes) / n,
         "rollout/tool_calls": sum(ep.tool_calls for ep in episodes) / n,
         "rollout/tool_errors": sum(ep.tool_errors for ep in episodes) / n,
         "rollout/memory_hits": sum(len(ep.memories) for ep in episodes) / n,
-        "rollout/answer_leaks": sum(ep.leaked for ep in episodes) / n,
         "rollout/truncated": sum(ep.truncated for ep in episodes) / n,
-        "rollout/rounds": sum(ep.round + 1 for ep in episodes) / n,
     }
     for role in roles:
         turns = [t for ep in episodes for t in ep.turns if t.role == role.name]
@@ -37,7 +35,4 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> d
         metrics[f"{prefix}/tool_calls"] = sum(len(t.tool_calls) for t in turns) / n
         metrics[f"{prefix}/tool_errors"] = sum(1 for t in turns for c in t.tool_calls if not c.ok) / n
         metrics[f"{prefix}/format_ok"] = sum(t.format_ok for t in turns) / len(turns)
-    meta = meta_thinker(roles)
-    if meta is not None:
-        metrics[f"role/{meta.name}/answer_leaks"] = metrics["rollout/answer_leaks"]
     return metrics

@@ -8,7 +8,7 @@ lessons are collected from a finished batch (`EpisodeFactory.lessons`) and commi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from memory.settings import MemorySettings
@@ -42,20 +42,32 @@ class EpisodeFactory:
         self.memory = memory
         self.memory_settings = memory_settings or MemorySettings()
 
-    def new(self, task: Task, *, final_reflection: bool = True) -> Episode:
+    def new(
+        self,
+        task: Task,
+        *,
+        final_reflection: bool = True,
+        roles: Sequence[RoleSpec] | None = None,
+        show_plan: bool = True,
+        adapters: Mapping[str, str] | None = None,
+    ) -> Episode:
+        """A fresh episode of `task`, shown the lessons memory holds for it now. The probes pass a subset
+        of the roles, hide the plan or swap a role's adapter (see Episode)."""
         hits = []
         shown = self.memory_settings.shown
         if self.memory is not None and shown > 0 and len(self.memory) > 0:
             hits = self.memory.search(task.question, k=shown)
         return Episode(
             task,
-            self.roles,
+            self.roles if roles is None else roles,
             self.chat,
             self.registry,
             self.grade,
             self.limits,
             memories=hits,
             final_reflection=final_reflection,
+            show_plan=show_plan,
+            adapters=adapters,
         )
 
     def lessons(self, episodes: Sequence[Episode]) -> list[tuple[str, str, float]]:
@@ -71,6 +83,29 @@ def request_seed(seed: int, episode_index: int, step: int) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
+def next_requests(
+    episodes: Sequence[Episode],
+    live: Sequence[int],
+    steps: Sequence[int],
+    indices: Sequence[int],
+    *,
+    seed: int,
+    temperature: float | None,
+) -> list[GenerationRequest]:
+    """The next generation request of each live episode i: its role's sampling (`temperature`, when
+    given, overrides every role's), seeded by the episode's index and how many requests it made."""
+    requests = []
+    for i in live:
+        req = episodes[i].request()
+        params = req.sampling if temperature is None else replace(req.sampling, temperature=temperature)
+        requests.append(
+            GenerationRequest(
+                req.adapter, req.prompt_ids, params, seed=request_seed(seed, indices[i], steps[i])
+            )
+        )
+    return requests
+
+
 def play(
     episodes: Sequence[Episode],
     backend: GenerationBackend,
@@ -79,29 +114,25 @@ def play(
     temperature: float | None = None,
     on_step: Callable[[int], None] | None = None,
     first_index: int = 0,
+    indices: Sequence[int] | None = None,
+    steps: Sequence[int] | None = None,
 ) -> int:
     """Run episodes to the end with batched generation. Returns the number of generation calls.
 
     Each request samples as its role is configured (the episode adds stops and the token budget);
-    `temperature` overrides every role's (0: greedy evaluation). Episode i samples with the seed of
+    `temperature` overrides every role's (0: greedy evaluation). Episode i samples with the seeds of
     index `first_index + i`: a rank that plays a share of a batch passes its share's offset and samples
-    what one process playing the whole batch would.
+    what one process playing the whole batch would. `indices` gives each episode its index instead, and
+    `steps` the requests each already made (the probes continue episodes whose plan was replayed).
     """
-    steps = [0] * len(episodes)
+    indices = list(indices) if indices is not None else [first_index + i for i in range(len(episodes))]
+    steps = list(steps) if steps is not None else [0] * len(episodes)
     calls = 0
     while True:
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
             return calls
-        batch = []
-        for i in live:
-            req = episodes[i].request()
-            params = req.sampling if temperature is None else replace(req.sampling, temperature=temperature)
-            batch.append(
-                GenerationRequest(
-                    req.role, req.prompt_ids, params, seed=request_seed(seed, first_index + i, steps[i])
-                )
-            )
+        batch = next_requests(episodes, live, steps, indices, seed=seed, temperature=temperature)
         results = backend.generate(batch)
         for i, result in zip(live, results, strict=True):
             episodes[i].advance(result.token_ids, result.logprobs, result.text, result.finish_reason)

@@ -50,13 +50,22 @@ class EvalSettings:
     split: str = "test"  # the tasks' split evaluated: test (train where a task has one, to compare)
     limit: int | None = 8  # problems per task; null for all
     episodes_per_batch: int = 8  # episodes played together in one batched rollout
-    temperature: float = 0.0  # 0: greedy evaluation
+    temperature: float = 0.0  # 0: greedy evaluation (with samples > 1: each role's own temperature)
+    # episodes per problem: above 1 they are sampled, and eval reports pass@k, maj@k and an interval
+    samples: int = 1
+    # meta-agent eval: repeat the evaluation with each of these sampling seeds (the problems stay those
+    # of `seed`) and report the spread; null: once, with `seed`
+    seeds: list[int] | None = None
     # true: eval episodes write lessons too (later evaluations would then see them)
     write_lessons: bool = False
 
     def __post_init__(self) -> None:
         if self.episodes_per_batch < 1:
             raise ValueError(f"eval.episodes_per_batch must be >= 1, got {self.episodes_per_batch}")
+        if self.samples < 1:
+            raise ValueError(f"eval.samples must be >= 1, got {self.samples}")
+        if self.seeds is not None and not self.seeds:
+            raise ValueError("eval.seeds is empty: give at least one seed, or null for the run's seed")
 
 
 @dataclass
@@ -119,6 +128,32 @@ class SFTSettings:
                 raise ValueError(f"sft.{name} must be >= 0, got {getattr(self, name)}")
 
 
+PROBE_ARMS = ("no_plan", "other_plan", "no_reflection", "mixed", "executors_alone")
+
+
+@dataclass
+class ProbeSettings:
+    """`meta-agent probe`: which problems, which arms, and the adapters of the mixed arm."""
+
+    task: str = "arith"  # the problems' task family
+    split: str = "test"  # the problems' split
+    limit: int = 64  # problems (the same for every arm)
+    # counterfactual arms, each against the unmodified hierarchy: no_plan | other_plan | no_reflection | mixed |
+    # executors_alone (meta_agent/probe.py)
+    arms: list[str] = field(default_factory=lambda: list(PROBE_ARMS))
+    # arm mixed: the meta-thinker's adapters (a run folder, checkpoint or adapters folder); null: adapters=
+    meta_thinker_from: str | None = None
+    executors_from: str | None = None  # arm mixed: the executors' adapters; null: adapters=
+    resamples: int = 10_000  # paired bootstrap resamples of each difference's interval
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.arms if a not in PROBE_ARMS]
+        if unknown:
+            raise ValueError(f"probe.arms names {unknown}; the arms are {list(PROBE_ARMS)}")
+        if self.limit < 2:
+            raise ValueError(f"probe.limit={self.limit}: a paired comparison needs at least 2 problems")
+
+
 @dataclass
 class Config:
     """The whole config (configs/config.yaml picks the roles; an experiment overrides any key)."""
@@ -135,6 +170,7 @@ class Config:
     train: TrainSettings = field(default_factory=TrainSettings)  # the GRPO loop and its optimizer steps
     grpo: GRPOSettings = field(default_factory=GRPOSettings)  # the policy loss and its advantages
     sft: SFTSettings = field(default_factory=SFTSettings)  # the warm start on demonstrations
+    probe: ProbeSettings = field(default_factory=ProbeSettings)  # meta-agent probe: counterfactual arms
     question: str | None = None  # the question for `meta-agent solve`
     resume: str | None = None  # meta-agent train ... resume=<run folder or checkpoint>: continue exactly
     # trained role adapters for eval, solve and train: a folder of <role>/ adapters

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -91,10 +91,11 @@ def _find_adapters(path: Path) -> Path | None:
     return None
 
 
-def load_saved_adapters(backbone: Backbone, folder: Path) -> None:
-    """Copy the saved adapters of `folder` into `backbone`; a shape mismatch names its fix."""
+def load_saved_adapters(backbone: Backbone, folder: Path, slots: Mapping[str, str] | None = None) -> None:
+    """Copy the saved adapters of `folder` into `backbone` (into `slots`, see Backbone.load_adapters); a
+    shape mismatch names its fix."""
     try:
-        backbone.load_adapters(folder)
+        backbone.load_adapters(folder, slots)
     except RuntimeError as err:  # size mismatch: saved with another rank or other target modules
         raise SettingError(
             f"the adapters in {folder} do not fit the configured ones ({err}): use the roles.<role>.adapter "
@@ -131,7 +132,7 @@ def build_system(
     if backbone is None:
         backbone = Backbone.load(cfg.model, cfg.role_adapters, ranks, seed=cfg.seed)
     if saved is not None:
-        load_saved_adapters(backbone, saved)
+        load_saved_adapters(backbone, saved, {r.name: r.name for r in roles})
     backend = make_backend(backbone, cfg.backend)
     chat = ChatFormat(backbone.tokenizer)
     factory = EpisodeFactory(roles, chat, registry, grade, cfg.protocol, memory, cfg.memory)

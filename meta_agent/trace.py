@@ -24,10 +24,21 @@ def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
         "answer": ep.final_answer,
         "correct": ep.correct,
         "truncated": ep.truncated,
-        "rounds": ep.round + 1,
+        "rounds_used": ep.round + 1,
         "rewards": dict(ep.rewards),
         "memories": [{"text": h.entry.text, "score": round(h.score, 4)} for h in ep.memories],
         "lesson": ep.lesson,
+        "rounds": [
+            {
+                "round": r.index + 1,
+                "answer": r.answer,
+                "correct": r.correct,
+                "verdict": r.verdict,
+                "ended": r.ended,
+                "plan": r.plan,
+            }
+            for r in ep.rounds
+        ],
         "turns": [
             {
                 "role": t.role,
@@ -81,7 +92,20 @@ def episode_markdown(ep: Episode) -> str:
             lines.append(f"- answer: `{t.answer}` (format {'kept' if t.format_ok else 'broken'})")
     if ep.lesson:
         lines += ["", f"**Lesson written to memory:** {ep.lesson}"]
+    lines += ["", *rounds_table(ep)]
     return "\n".join(lines)
+
+
+def rounds_table(ep: Episode) -> list[str]:
+    """Each round graded: the executors' answer, whether it is correct, the verdict, whether it ended."""
+    rows = ["| round | answer | correct | verdict | ended the episode |", "| --- | --- | --- | --- | --- |"]
+    for r in ep.rounds:
+        answer = f"`{_cell(r.answer)}`" if r.answer is not None else "(none)"
+        verdict = r.verdict or "(no reflection)"
+        rows.append(
+            f"| {r.index + 1} | {answer} | {'yes' if r.correct else 'no'} | {verdict} | {'yes' if r.ended else 'no'} |"
+        )
+    return rows
 
 
 class TraceWriter:
@@ -105,3 +129,8 @@ def write_step_traces(
         log.text(f"traces/episode_{k}", episode_markdown(ep), step)
     if traces is not None:
         traces.write(episodes, split="train", step=step)
+
+
+def _cell(text: str) -> str:
+    """Model text inside a Markdown table cell: no line breaks, pipes or backticks to break the table."""
+    return " ".join(text.split()).replace("|", "\\|").replace("`", "'")[:80]

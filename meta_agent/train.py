@@ -30,6 +30,7 @@ from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
 from meta_agent.metrics import rollout_metrics
 from meta_agent.rank_protocol import check_ranks_agree, commit_lessons, join, rank0_first, rollback_memory
+from meta_agent.reflection import defined, reflected, reflection_metrics
 from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import run_sft, sft_turns
@@ -117,6 +118,8 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             state.generated_tokens += int(ranks.sum([tokens])[0])  # the budget is global: same on every rank
             metrics = {**update, **credit_metrics(turns, trained, system.backbone.adapters)}
             metrics.update(rollout_metrics(episodes, system.roles))
+            # Over every rank's episodes: the rates are of the whole batch, the same on every rank.
+            metrics.update(defined(reflection_metrics(ranks.gather([reflected(ep) for ep in episodes]))))
             if system.backbone.sharded:  # forward passes this rank ran for the others' rollouts
                 metrics["rollout/empty_passes"] = float(empty_passes)
             metrics.update(

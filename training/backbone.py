@@ -220,19 +220,25 @@ class Backbone:
                 {k: v.detach().contiguous().cpu() for k, v in state.items()}, role_dir / ADAPTER_WEIGHTS
             )
 
-    def load_adapters(self, folder: str | Path) -> None:
-        """Load every role's adapter weights written by `save_adapters` (missing role folder = error)."""
+    def load_adapters(self, folder: str | Path, slots: Mapping[str, str] | None = None) -> None:
+        """Load adapter weights written by `save_adapters` (a missing role folder is an error).
+
+        `slots` maps an adapter of this backbone to the saved role whose weights it takes (e.g.
+        {"meta_thinker-a": "meta_thinker"}: another run's meta-thinker beside this one); default: every
+        adapter from the folder of its own name. The base model is never reloaded."""
         folder = Path(folder)
-        for role in self.adapters:
+        for slot, role in (slots or {name: name for name in self.adapters}).items():
+            if slot not in self.adapters:
+                raise KeyError(f"unknown adapter {slot!r}; this backbone has {self.adapters}")
             weights = folder / role / ADAPTER_WEIGHTS
             if not weights.is_file():
                 raise FileNotFoundError(
                     f"{weights} does not exist: no saved adapter for role {role!r} in {folder}"
                 )
             state = load_file(weights, device=str(self.device))
-            result = set_peft_model_state_dict(self.model, state, adapter_name=role)
+            result = set_peft_model_state_dict(self.model, state, adapter_name=slot)
             unexpected = getattr(result, "unexpected_keys", [])
             if unexpected:
                 raise ValueError(
-                    f"{weights} does not match adapter {role!r}: unexpected keys {unexpected[:3]}"
+                    f"{weights} does not match adapter {slot!r}: unexpected keys {unexpected[:3]}"
                 )

@@ -100,7 +100,7 @@ def test_trace_of_a_finished_episode(make_episode, tmp_path):
     play_happy(ep)
     record = episode_dict(ep, step=3)
     assert json.loads(json.dumps(record)) == record
-    assert record["step"] == 3 and record["rounds"] == 1 and record["lesson"] == "use the calculator"
+    assert record["step"] == 3 and record["rounds_used"] == 1 and record["lesson"] == "use the calculator"
     assert [t["kind"] for t in record["turns"]] == ["plan", "execute", "reflect"]
     assert record["turns"][1]["tool_calls"][0]["output"] == TASK.answer
     text = episode_markdown(ep)

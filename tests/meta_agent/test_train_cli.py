@@ -63,7 +63,9 @@ def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_di
     for tag in (
         "eval/accuracy",
         "rollout/memory_hits",
-        "role/meta_thinker/answer_leaks",
+        "reflection/answer_leaks",
+        "reflection/rounds_used",
+        "reflection/verdicts",
         "time/step_s",
         "time/tokens_per_s",
     ):

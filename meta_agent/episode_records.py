@@ -1,0 +1,84 @@
+"""What an episode records: its limits, the requests it makes, its turns and tool calls, and each
+round graded as it ends (meta_agent.episode fills them in; traces, credit and metrics read them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from training.types import SamplingParams
+
+PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
+WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
+
+
+@dataclass
+class Limits:
+    """The `protocol:` settings: how long one episode may run."""
+
+    max_rounds: int = 2  # plan -> execute -> reflect rounds; a revision starts the next one
+    max_turns: int = 8  # role turns in the whole episode
+    max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
+    max_tool_calls: int = 4  # tool calls per executor turn
+
+    def __post_init__(self) -> None:
+        for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):
+            if getattr(self, name) < (0 if name == "max_tool_calls" else 1):
+                raise ValueError(f"protocol.{name}={getattr(self, name)} is out of range")
+
+
+@dataclass(frozen=True)
+class Request:
+    """The next generation the episode needs: the role's sampling, with the stops of its turn and at
+    most the episode's remaining token budget, on `adapter` (the role's own unless a probe swaps it)."""
+
+    role: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingParams
+    adapter: str
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # the raw call body, as the model wrote it
+    output: str
+    ok: bool
+    error: str | None
+
+
+@dataclass
+class TurnRecord:
+    """One role turn while it is being played; tool results sit in the completion with mask 0."""
+
+    role: str
+    kind: str  # plan | execute | reflect
+    round: int
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""  # completion text including observations, as shown in traces
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    answer: str | None = None
+    format_ok: bool = False
+    reward: float = 0.0
+    advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.credit)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.mask)
+
+
+ACCEPT, REVISE = "accept", "revise"
+
+
+@dataclass
+class RoundRecord:
+    """One plan -> execute -> reflect round, graded when its executors are done."""
+
+    index: int  # 0 for the first round
+    answer: str | None  # the executors' answer of this round (the last executor's), None if none answered
+    correct: bool  # that answer passes the task's verifier
+    verdict: str | None = None  # the meta-thinker's reflection: accept | revise; None without a reflection
+    ended: bool = False  # the episode ended after this round
+    plan: str | None = None  # the plan this round's executors were shown (None: none was shown)

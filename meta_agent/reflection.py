@@ -1,0 +1,125 @@
+"""Reflection made measurable: what each verdict did to the answer, and how much of the plan was done.
+
+    metrics = reflection_metrics([reflected(ep) for ep in episodes])   # the `reflection/...` scalars
+    counts = transitions([ep.rounds for ep in episodes])
+
+Pure functions of graded rounds (meta_agent.episode_records.RoundRecord: each round's answer, whether it
+is correct, the meta-thinker's verdict, whether it ended the episode). A rate whose denominator is empty
+is None, which the logs leave out and the printed tables show as "n/a": never a made-up number.
+
+- transitions: consecutive rounds of one episode, wrong->right, right->wrong, right->right,
+  wrong->wrong, as counts and as shares of all transitions; `self_correction` is (wrong->right minus
+  right->wrong) per episode.
+- verdict calibration: each reflected round's verdict against its answer: accept|right, accept|wrong,
+  revise|right, revise|wrong; the precision (revisions that were needed) and recall (wrong answers that
+  were revised) of "revise when wrong".
+- revision rate (revise verdicts per verdict), rounds used, the round of the final answer, answer leaks.
+- plan adherence: the share of the plan's steps the executors carried out, where the task defines it
+  (meta_agent.adherence); the episodes it was measured on are counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meta_agent.adherence import episode_adherence
+from meta_agent.episode import Episode
+from meta_agent.episode_records import ACCEPT, REVISE, RoundRecord
+
+TRANSITIONS = ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")
+VERDICTS = ("accept_right", "accept_wrong", "revise_right", "revise_wrong")
+
+
+def ratio(part: float, whole: float) -> float | None:
+    """part / whole, or None when there is nothing to divide by."""
+    return part / whole if whole else None
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def transitions(episodes: Sequence[Sequence[RoundRecord]]) -> Counter:
+    """Counts of each kind of step between consecutive rounds of the same episode."""
+    counts: Counter = Counter(dict.fromkeys(TRANSITIONS, 0))
+    for rounds in episodes:
+        for before, after in zip(rounds, rounds[1:], strict=False):
+            counts[
+                f"{'right' if before.correct else 'wrong'}_to_{'right' if after.correct else 'wrong'}"
+            ] += 1
+    return counts
+
+
+def verdicts(episodes: Sequence[Sequence[RoundRecord]]) -> Counter:
+    """Counts of each (verdict, correctness of the answer judged) over the rounds that were reflected on."""
+    counts: Counter = Counter(dict.fromkeys(VERDICTS, 0))
+    for rounds in episodes:
+        for r in rounds:
+            if r.verdict in (ACCEPT, REVISE):
+                counts[f"{r.verdict}_{'right' if r.correct else 'wrong'}"] += 1
+    return counts
+
+
+def final_answer_round(rounds: Sequence[RoundRecord]) -> int | None:
+    """The 1-based round whose answer is the episode's final one (the last round that answered)."""
+    answered = [r.index for r in rounds if r.answer is not None]
+    return answered[-1] + 1 if answered else None
+
+
+def round_metrics(episodes: Sequence[Sequence[RoundRecord]]) -> dict[str, float | None]:
+    """Transitions, self-correction, verdict calibration, revisions and rounds, from graded rounds."""
+    n = len(episodes)
+    moves, judged = transitions(episodes), verdicts(episodes)
+    steps, total = sum(moves.values()), sum(judged.values())
+    right = judged["accept_right"] + judged["revise_right"]
+    wrong = judged["accept_wrong"] + judged["revise_wrong"]
+    revised = judged["revise_right"] + judged["revise_wrong"]
+    out: dict[str, float | None] = {"episodes": float(n), "transitions": float(steps)}
+    for name in TRANSITIONS:
+        out[name] = float(moves[name])
+        out[f"{name}_rate"] = ratio(moves[name], steps)
+    out["self_correction"] = ratio(moves["wrong_to_right"] - moves["right_to_wrong"], n)
+    out["verdicts"] = float(total)
+    for name in VERDICTS:
+        out[name] = float(judged[name])
+    out["accept_given_right"] = ratio(judged["accept_right"], right)
+    out["revise_given_right"] = ratio(judged["revise_right"], right)
+    out["accept_given_wrong"] = ratio(judged["accept_wrong"], wrong)
+    out["revise_given_wrong"] = ratio(judged["revise_wrong"], wrong)
+    out["revise_precision"] = ratio(judged["revise_wrong"], revised)
+    out["revise_recall"] = ratio(judged["revise_wrong"], wrong)
+    out["revision_rate"] = ratio(revised, total)
+    out["rounds_used"] = mean([float(len(rounds)) for rounds in episodes])
+    final = [final_answer_round(rounds) for rounds in episodes]
+    out["final_answer_round"] = mean([float(r) for r in final if r is not None])
+    return out
+
+
+@dataclass(frozen=True)
+class Reflected:
+    """What the reflection metrics read of one finished episode (small, so ranks can gather them)."""
+
+    rounds: tuple[RoundRecord, ...]
+    leaked: bool  # the meta-thinker stated the answer where an executor reads it
+    adherence: float | None  # meta_agent.adherence.episode_adherence
+
+
+def reflected(episode: Episode) -> Reflected:
+    return Reflected(tuple(episode.rounds), episode.leaked, episode_adherence(episode))
+
+
+def reflection_metrics(episodes: Sequence[Reflected]) -> dict[str, float | None]:
+    """Every reflection metric of finished episodes, keyed "reflection/<name>" (see the module doc)."""
+    out = round_metrics([ep.rounds for ep in episodes])
+    out["answer_leaks"] = mean([float(ep.leaked) for ep in episodes])
+    adherence = [ep.adherence for ep in episodes if ep.adherence is not None]
+    out["plan_adherence"] = mean(adherence)
+    out["plan_adherence_episodes"] = float(len(adherence))
+    return {f"reflection/{k}": v for k, v in out.items()}
+
+
+def defined(metrics: dict[str, float | None]) -> dict[str, float]:
+    """The metrics that have a value (what TensorBoard and metrics.jsonl get)."""
+    return {k: v for k, v in metrics.items() if v is not None}

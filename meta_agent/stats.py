@@ -1,0 +1,90 @@
+"""The statistics of evaluations and probes, as small pure functions checked against hand-worked numbers.
+
+pass_at_k(n=10, c=3, k=1)                  # 0.3: the unbiased estimator of Chen et al. (2021)
+mean_interval([1, 0, 1, 1])                # mean accuracy and its 95% interval over problems
+paired_difference(arm, base, seed=0)       # an arm against the unmodified hierarchy, same problems
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+Z_95 = 1.959964  # the normal quantile of a two-sided 95% interval
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The probability that at least one of k samples, drawn without replacement from n of which c are
+    correct, is correct: 1 - C(n - c, k) / C(n, k) (unbiased for pass@k when n >= k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority(answers: Sequence[Hashable | None]) -> int | None:
+    """The index of the first sample whose answer is the most common one (None answers do not vote)."""
+    counts: dict[Hashable, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(i for i, a in enumerate(answers) if a is not None and counts[a] == top)
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean and its 95% normal-approximation interval, from the sample std of
+    `values` (one value per problem: its accuracy over the samples); the interval is clipped to [0, 1]."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("an interval needs at least one value")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = Z_95 * sd / math.sqrt(n)
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """An arm's accuracy minus the base's on the same problems, with its 95% interval and exact test."""
+
+    mean: float  # mean of arm - base over problems
+    low: float  # 2.5th percentile of the paired bootstrap
+    high: float  # 97.5th percentile
+    better: int  # problems the arm got right and the base wrong
+    worse: int  # problems the base got right and the arm wrong
+    p_value: float  # exact two-sided sign (McNemar) test on the discordant problems
+
+
+def paired_difference(
+    arm: Sequence[float], base: Sequence[float], *, resamples: int = 10_000, seed: int = 0
+) -> PairedDifference:
+    """`arm` and `base` hold one accuracy per problem (0/1, or a mean over samples), in the same order.
+    The interval resamples problems with replacement (a paired bootstrap, seeded)."""
+    if len(arm) != len(base) or not arm:
+        raise ValueError(f"a paired difference needs equal, non-empty lists, got {len(arm)} and {len(base)}")
+    diffs = [a - b for a, b in zip(arm, base, strict=True)]
+    n = len(diffs)
+    rng = random.Random(seed)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    low, high = means[int(0.025 * (resamples - 1))], means[int(round(0.975 * (resamples - 1)))]
+    better = sum(1 for d in diffs if d > 0)
+    worse = sum(1 for d in diffs if d < 0)
+    return PairedDifference(sum(diffs) / n, low, high, better, worse, sign_test(better, worse))
+
+
+def sign_test(better: int, worse: int) -> float:
+    """Two-sided exact binomial p-value of `better` successes in `better + worse` fair coin flips
+    (McNemar's exact test for paired 0/1 outcomes); 1 when no problem differs."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2**n
+    return min(1.0, 2 * tail)

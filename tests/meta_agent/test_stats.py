@@ -1,0 +1,53 @@
+"""The statistics of evaluations and probes against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meta_agent.stats import majority, mean_interval, paired_difference, pass_at_k, sign_test
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # 1 - C(7,1)/C(10,1) = 1 - 7/10
+    assert pass_at_k(5, 2, 2) == pytest.approx(0.7)  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0  # k = n: any correct sample
+    assert pass_at_k(3, 2, 2) == 1.0  # n - c = 1 < k: every pair holds a correct one
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_majority_picks_the_most_common_answer_first_seen_on_ties():
+    assert majority(["12", "13", "12", None]) == 0
+    assert majority([None, "7", "8"]) == 1  # a tie: the first seen
+    assert majority([None, None]) is None
+
+
+def test_mean_interval_by_hand():
+    # [1, 0, 1, 1]: mean 0.75, sample sd sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5, half 1.96 * 0.5 / 2 = 0.49
+    mean, low, high = mean_interval([1, 0, 1, 1])
+    assert mean == 0.75 and low == pytest.approx(0.26, abs=1e-3) and high == 1.0  # clipped at 1
+    assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_sign_test_by_hand():
+    # 5 better, 1 worse: P(X <= 1) for Bin(6, 1/2) = (1 + 6) / 64, two-sided 14/64 = 0.21875
+    assert sign_test(5, 1) == pytest.approx(14 / 64)
+    assert sign_test(0, 0) == 1.0 and sign_test(3, 3) == 1.0
+    assert sign_test(10, 0) == pytest.approx(2 / 2**10)
+
+
+def test_paired_difference_counts_and_interval():
+    base = [1, 1, 0, 0, 1, 0, 1, 0]
+    arm = [1, 0, 1, 1, 1, 1, 1, 0]  # better on 3 problems, worse on 1: mean (3 - 1) / 8 = 0.25
+    d = paired_difference(arm, base, resamples=2000, seed=1)
+    assert (d.mean, d.better, d.worse) == (0.25, 3, 1)
+    assert d.p_value == pytest.approx(sign_test(3, 1)) == pytest.approx(10 / 16)
+    assert d.low < 0.25 < d.high and d.low >= -1 and d.high <= 1
+    same = paired_difference(base, base, resamples=100)
+    assert (same.mean, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0)
+    # the bootstrap interval of a mean of n paired differences narrows like 1 / sqrt(n)
+    wide = paired_difference(arm, base, resamples=2000, seed=1)
+    narrow = paired_difference(arm * 16, base * 16, resamples=2000, seed=1)
+    assert (narrow.high - narrow.low) == pytest.approx((wide.high - wide.low) / math.sqrt(16), rel=0.3)
