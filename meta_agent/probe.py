@@ -14,7 +14,8 @@ Arms (`probe.arms`):
 - `executors_alone`: the executors without a meta-thinker: no plan, no reflection.
 
 Every adapter sits in its own slot of one backbone, loaded once; every arm's episodes play in one batched
-rollout. Plans are generated once per meta-thinker and replayed into the arms that share them. Each arm
+rollout. Plans are generated once per meta-thinker and replayed into the arms that share them, and the
+last round's reflection, which cannot change an answer, is not played. Each arm
 reports its accuracy and the paired difference from the base with a 95% paired-bootstrap interval and an
 exact sign test, in probe.json and probe.md.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -105,7 +107,9 @@ def probe(
     if meta_thinker(system.roles) is None:
         raise SettingError("meta-agent probe compares arms of a hierarchy: pick roles with a meta-thinker")
     n = len(tasks)
-    new = system.factory.new
+    # The last round's reflection can neither revise nor change an answer (it writes a lesson, which a
+    # probe keeps out of memory): no arm plays it, as held-out evaluation does not.
+    new = partial(system.factory.new, final_reflection=False)
     episodes: dict[str, list[Episode]] = {"base": [new(t) for t in tasks]}
     plans = generate_plans(system, episodes["base"], seed=seed, temperature=temperature)
     replay(episodes["base"], plans)

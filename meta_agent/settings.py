@@ -3,7 +3,7 @@
 Each section's record is defined next to the code that reads it and imported here: `model:`
 (training.model_files.ModelConfig), `backend:` (training.generation.BackendSettings), `roles.<role>:`
 (roles.RoleSpec plus training.backbone.AdapterConfig and a learning rate), `protocol:`
-(meta_agent.episode.Limits), `tools:` (tools.ToolSettings), `memory:` (memory.MemorySettings), `grpo:`
+(meta_agent.episode_records.Limits), `tools:` (tools.ToolSettings), `memory:` (memory.MemorySettings), `grpo:`
 (training.grpo.GRPOSettings) and the optimizer half of `train:` (training.trainer.UpdateSettings). The
 records of the stages above them (eval, train, sft) live here. These dataclasses are the Hydra schema
 (meta_agent.config registers them), so a misspelt key fails at start-up; each field's default and the
