@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import random
-from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from meta_agent.episode import Episode
