@@ -4,12 +4,14 @@ adapters before GRPO (after SFT, `sft-best`) and after it (the latest checkpoint
     python -m bench.reflection --run runs/arith_hierarchy-20261201-120000      # a default-experiment run
     python -m bench.reflection --run RUN --eval-limit 8 --probe-limit 8        # a smoke test
 
-For each of the two adapter sets: `meta-agent eval` on the experiment's held-out problems with the
-experiment's protocol (one round) and with two rounds allowed (a revision can then change the answer),
-and `meta-agent probe` with the experiment's protocol, its mixed arm taking the meta-thinker of the
-other adapter set (so the difference shows what that role's training did). Writes
-bench/results/reflection.json: per stage, the accuracy and reflection metrics of each eval, and each
-probe arm's accuracy and paired difference; the machine, settings and wall time. A measurement, not a test.
+For each of the two adapter sets: `meta-agent eval` on the experiment's held-out problems with two
+rounds allowed (the experiment trains with one; with two a revision can change the answer, so there are
+transitions between rounds; the first round is what one round gives, greedy, so its accuracy is kept
+too), and `meta-agent probe` with the experiment's protocol, its mixed arm taking the meta-thinker of
+the other adapter set (so the difference shows what that role's training did). Writes
+bench/results/reflection.json: per stage, the eval's accuracy after one and after two rounds and its
+reflection metrics, and each probe arm's accuracy and paired difference; the machine, settings and wall
+time. A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -100,6 +102,13 @@ def summary_of_eval(result: dict) -> dict:
     }
 
 
+def first_round(traces: Path) -> dict:
+    """The accuracy of the first round's answers: what one round, the experiment's protocol, gives."""
+    rows = [json.loads(line) for line in traces.read_text().splitlines() if line.strip()]
+    first = [row["rounds"][0]["correct"] for row in rows]
+    return {"first_round_accuracy": sum(first) / len(first)}
+
+
 def summary_of_probe(result: dict) -> dict:
     """Each arm's accuracy and paired difference from the base, of a probe.json."""
     arms = {}
@@ -126,20 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"run": str(args.run), "stages": {}}
     for stage, adapters in found.items():
         other = found["after_grpo" if stage == "before_grpo" else "before_grpo"]
-        evals = {}
-        for rounds in (1, 2):
-            out = work / f"{stage}-eval-{rounds}round"
-            eval_args = [
-                *common,
-                f"adapters={adapters}",
-                "eval.tasks=[arith]",
-                f"eval.limit={args.eval_limit}",
-            ]
-            raw = cli("eval", [*eval_args, f"protocol.max_rounds={rounds}"], out)
-            evals[f"{rounds}_round" + ("s" if rounds > 1 else "")] = {
-                "seconds": raw["seconds"],
-                **summary_of_eval(raw),
-            }
+        out = work / f"{stage}-eval"
+        eval_args = [*common, f"adapters={adapters}", "eval.tasks=[arith]", f"eval.limit={args.eval_limit}"]
+        raw = cli("eval", [*eval_args, "protocol.max_rounds=2"], out)
+        evals = {"seconds": raw["seconds"], **summary_of_eval(raw), **first_round(out / "traces.jsonl")}
         probe_args = [
             *common,
             f"adapters={adapters}",
@@ -153,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "settings": {
             "experiment": EXPERIMENT,
-            "eval": f"arith test, {args.eval_limit} problems, greedy, memory off; the experiment's one round and two",
+            "eval": f"arith test, {args.eval_limit} problems, greedy, memory off, two rounds allowed",
             "probe": f"arith test, {args.probe_limit} problems, greedy, the experiment's protocol (one round); "
             "mixed: the meta-thinker of the other stage with this stage's executors",
             "overrides": args.overrides,

@@ -71,7 +71,7 @@ def test_smoke_run_on_a_tiny_trained_run(tiny_model_dir, tmp_path):
     result = json.loads(out.read_text())
     for stage in ("before_grpo", "after_grpo"):
         evals = result["stages"][stage]["eval"]
-        assert set(evals) == {"1_round", "2_rounds"} and evals["1_round"]["rounds_used"] == 1.0
+        assert 1.0 <= evals["rounds_used"] <= 2.0 and 0 <= evals["first_round_accuracy"] <= 1
         assert set(result["stages"][stage]["probe"]["arms"]) >= {
             "base",
             "no_plan",
