@@ -28,13 +28,10 @@ from meta_agent.errors import BadData, MissingFile  # noqa: E402
 FIGURES = {
     "reward": ("Reward per role", [("role/{role}/reward", "{role}")]),
     "accuracy": (
-        "Accuracy",
-        [
-            ("role/{role}/accuracy", "rollout ({role})"),
-            ("eval/accuracy", "held-out"),
-            ("sft/eval/accuracy", "held-out during SFT"),
-        ],
+        "Accuracy over GRPO steps (held-out at step 0: before any training)",
+        [("rollout/accuracy", "rollout"), ("eval/accuracy", "held-out")],
     ),
+    "sft": ("Held-out accuracy over SFT steps (the warm start)", [("sft/eval/accuracy", "held-out")]),
     "transitions": (
         "Transitions between consecutive rounds (share of transitions)",
         [
@@ -103,6 +100,11 @@ def draw(rows: Sequence[dict], name: str, folder: Path) -> tuple[Path, bool]:
                     steps, values, marker=marker, linestyle=dash, markersize=4, label=label.format(role=role)
                 )
                 drawn = True
+    _, sft = series(rows, "sft/eval/accuracy")
+    if name == "accuracy" and sft:  # where GRPO starts: the best SFT adapters (what GRPO starts from)
+        ax.plot(
+            [0], [max(sft)], marker="*", markersize=11, linestyle="none", label="held-out after SFT (best)"
+        )
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -112,10 +114,8 @@ def draw(rows: Sequence[dict], name: str, folder: Path) -> tuple[Path, bool]:
     if drawn:
         ax.legend(fontsize=8, loc="best")
     else:
-        why = (
-            "nothing to draw: no reflected rounds"
-            if name != "transitions"
-            else "no transitions: one round per episode"
+        why = {"transitions": "no transitions: one round per episode", "sft": "no SFT stage in this run"}.get(
+            name, "nothing to draw: no reflected rounds"
         )
         ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray")
     fig.tight_layout()
@@ -130,7 +130,7 @@ def pick_episodes(traces: Sequence[dict], n: int = 4) -> list[dict]:
     latest = sorted(traces, key=lambda t: -t.get("step", 0))
 
     def kind(t: dict) -> int:
-        rounds = t.get("rounds") or []
+        rounds = graded_rounds(t)
         if len(rounds) > 1:
             return 0
         if rounds and not rounds[-1]["correct"] and rounds[-1]["verdict"] == "accept":
@@ -146,10 +146,17 @@ def pick_episodes(traces: Sequence[dict], n: int = 4) -> list[dict]:
     return chosen
 
 
+def graded_rounds(trace: dict) -> list[dict]:
+    """The trace's graded rounds; none for a trace written before rounds were graded (there "rounds"
+    was the number of rounds played)."""
+    rounds = trace.get("rounds")
+    return rounds if isinstance(rounds, list) else []
+
+
 def round_columns(trace: dict) -> list[dict]:
     """Per round: the plan, the executors' work, the answer and verdict (from the trace's turns)."""
     columns = []
-    for r in trace.get("rounds") or []:
+    for r in graded_rounds(trace):
         index = r["round"] - 1
         turns = [t for t in trace["turns"] if t["round"] == index]
         plan = r.get("plan") or ""  # what this round's executors were shown
@@ -209,9 +216,10 @@ def write_report(run_dir: Path) -> Path:
         path, _ = draw(rows, name, figures)
         data = base64.b64encode(path.read_bytes()).decode()
         parts.append(f"<h2>{FIGURES[name][0]}</h2><img alt='{name}' src='data:image/png;base64,{data}'>")
-    chosen = pick_episodes(traces)
+    chosen = [t for t in pick_episodes(traces) if graded_rounds(t)]
     parts.append("<h2>Episodes, round by round</h2>")
-    parts += [episode_html(t) for t in chosen] or ["<p>(no traces)</p>"]
+    none = "<p>(no episode with graded rounds: the traces predate them, or the run wrote none)</p>"
+    parts += [episode_html(t) for t in chosen] or [none]
     style = (
         "body{font-family:sans-serif;max-width:1200px;margin:auto} pre{white-space:pre-wrap;font-size:12px}"
         "table.ep{border-collapse:collapse} table.ep td,table.ep th{border:1px solid #ccc;vertical-align:top;padding:4px}"

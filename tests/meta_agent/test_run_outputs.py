@@ -71,9 +71,11 @@ def test_report_renders_figures_and_episodes(run, capsys):
     assert main(["report", str(run)]) == 0
     html = (run / "report" / "report.html").read_text()
     figures = sorted((run / "report" / "figures").glob("*.png"))
-    assert [f.stem for f in figures] == sorted(["accuracy", "calibration", "plans", "reward", "transitions"])
+    assert [f.stem for f in figures] == sorted(
+        ["accuracy", "calibration", "plans", "reward", "sft", "transitions"]
+    )
     assert all(f.read_bytes().startswith(PNG) and f.stat().st_size > 5000 for f in figures)
-    assert html.count("src='data:image/png;base64,") == 5  # self-contained
+    assert html.count("src='data:image/png;base64,") == 6  # self-contained
     assert "Episodes, round by round" in html and "<table class='ep'>" in html
     assert "report.html" in capsys.readouterr().out
 
