@@ -7,7 +7,7 @@ adapters before GRPO (after SFT, `sft-best`) and after it (the latest checkpoint
 For each of the two adapter sets: `meta-agent eval` on the experiment's held-out problems with two
 rounds allowed (the experiment trains with one; with two a revision can change the answer, so there are
 transitions between rounds; the first round is what one round gives, greedy, so its accuracy is kept
-too), and `meta-agent probe` with the experiment's protocol, its mixed arm taking the meta-thinker of
+too), and `meta-agent probe` with two rounds as well, its mixed arm taking the meta-thinker of
 the other adapter set (so the difference shows what that role's training did). Writes
 bench/results/reflection.json: per stage, the eval's accuracy after one and after two rounds and its
 reflection metrics, and each probe arm's accuracy and paired difference; the machine, settings and wall
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"adapters={adapters}",
             f"probe.limit={args.probe_limit}",
             f"probe.meta_thinker_from={other}",
+            "protocol.max_rounds=2",  # so that no_reflection (one round) differs from the base
         ]
         probe = summary_of_probe(cli("probe", probe_args, work / f"{stage}-probe"))
         result["stages"][stage] = {"adapters": str(adapters), "eval": evals, "probe": probe}
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {
             "experiment": EXPERIMENT,
             "eval": f"arith test, {args.eval_limit} problems, greedy, memory off, two rounds allowed",
-            "probe": f"arith test, {args.probe_limit} problems, greedy, the experiment's protocol (one round); "
+            "probe": f"arith test, {args.probe_limit} problems, greedy, two rounds allowed; "
             "mixed: the meta-thinker of the other stage with this stage's executors",
             "overrides": args.overrides,
         },

@@ -150,7 +150,8 @@ def cmd_probe(overrides: list[str]) -> int:
     run_dir = start_run(cfg, "probe")
     tasks = load_tasks(cfg.probe.task, cfg.probe.split, limit=cfg.probe.limit, seed=cfg.seed)
     # The mixed arm's adapters sit beside the roles' own in one backbone, loaded once.
-    slots = mixed_slots(list(cfg.roles)) if "mixed" in cfg.probe.arms else {}
+    mixed = "mixed" in cfg.probe.arms and (cfg.probe.meta_thinker_from or cfg.probe.executors_from)
+    slots = mixed_slots(list(cfg.roles)) if mixed else {}
     with console.status("loading the backbone"):
         extra = {slot: cfg.roles[role].adapter for role, slot in slots.items()}
         backbone = Backbone.load(cfg.model, cfg.role_adapters | extra, seed=cfg.seed)

@@ -20,13 +20,13 @@ from meta_agent.episode_records import (
     PLAN,
     REFLECT,
     REVISE,
-    WORK_CHARS,
     Limits,
     Request,
     RoundRecord,
     ToolCall,
     TurnRecord,
 )
+from meta_agent.prompts import memory_block, previous_block, without_plans, work_block
 from meta_agent.tasks import Task
 from roles import (
     META_THINKER,
@@ -228,6 +228,7 @@ class Episode:
         )
         self.lesson = out.lesson
         self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
+        self.rounds[-1].verdict_tagged = out.plan is not None or grammar.verdict[1] in turn.text
         revise = out.verdict == REVISE and self.round + 1 < self.limits.max_rounds
         if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
             self.round += 1
@@ -264,7 +265,7 @@ class Episode:
         assert role is not None
         tools = self.registry.describe(role.tools) if role.tools else ""
         messages = [{"role": "system", "content": role.system_text(tools)}]
-        memories = self._memory_block()
+        memories = memory_block(self.memories)
         if kind == PLAN:
             messages.append(
                 {"role": "user", "content": role.user_text(self.task.question, memories=memories)}
@@ -272,9 +273,10 @@ class Episode:
         elif kind == EXECUTE:
             shown = self.plan if self.show_plan else None
             plan = f"Plan from the meta-thinker:\n{shown}\n\n" if shown else ""
-            user = role.user_text(
-                self.task.question, memories=memories, plan=plan, previous=self._previous_block()
-            )
+            last = self._round_turns(self.round - 1) if self.round > 0 else []
+            reflection = next((self._shown_text(t) for t in reversed(self.turns) if t.kind == REFLECT), "")
+            previous = previous_block(self._round_turns(self.round), last, reflection)
+            user = role.user_text(self.task.question, memories=memories, plan=plan, previous=previous)
             messages.append({"role": "user", "content": user})
         else:
             plan_tags = role.grammar.plan
@@ -284,7 +286,7 @@ class Episode:
             messages.append(
                 {"role": "assistant", "content": f"{plan_tags[0]}{self.plan or ''}{plan_tags[1]}"}
             )
-            work = self._round_work()
+            work = work_block(self._round_turns(self.round)) or "(no work)"
             answer = self._round_answer() or "(no answer)"
             messages.append({"role": "user", "content": role.reflect_text(work=work, answer=answer)})
         self.turns.append(
@@ -292,37 +294,12 @@ class Episode:
         )
         self._segment_start = 0
 
-    def _memory_block(self) -> str:
-        if not self.memories:
-            return ""
-        lines = "\n".join(f"- {hit.entry.text}" for hit in self.memories)
-        return f"Lessons from similar problems:\n{lines}\n\n"
-
     def _round_turns(self, round_: int) -> list[TurnRecord]:
         return [t for t in self.turns if t.kind == EXECUTE and t.round == round_]
-
-    def _round_work(self) -> str:
-        parts = []
-        for t in self._round_turns(self.round):
-            parts.append(f"[{t.role}]\n{_tail(t.text.strip(), WORK_CHARS)}")
-        return "\n\n".join(parts) or "(no work)"
 
     def _round_answer(self) -> str | None:
         answers = [t.answer for t in self._round_turns(self.round) if t.answer is not None]
         return answers[-1] if answers else None
-
-    def _previous_block(self) -> str:
-        """Earlier executors of this round, or this executor's attempt in the last round."""
-        same_round = self._round_turns(self.round)
-        if same_round:
-            work = "\n\n".join(f"[{t.role}]\n{_tail(t.text.strip(), WORK_CHARS)}" for t in same_round)
-            return f"Work so far:\n{work}\n\n"
-        if self.round == 0:
-            return ""
-        last = self._round_turns(self.round - 1)
-        reflection = next((t.text.strip() for t in reversed(self.turns) if t.kind == REFLECT), "")
-        work = "\n\n".join(_tail(t.text.strip(), WORK_CHARS) for t in last)
-        return f"Previous attempt:\n{work}\n\nThe meta-thinker's reflection:\n{_tail(reflection, WORK_CHARS)}\n\n"
 
     # ---- outcome -----------------------------------------------------------------------------
 
@@ -332,7 +309,8 @@ class Episode:
             return
         answer = self._round_answer()
         correct = bool(answer) and self.grade(answer, self.task.answer)
-        shown = self.plan if self.show_plan else None
+        # The plan the round's executors saw: none when it was hidden or no executor got to act.
+        shown = self.plan if self.show_plan and self._round_turns(self.round) else None
         self.rounds.append(RoundRecord(self.round, answer, correct, plan=shown))
 
     def _finish(self, *, truncated: bool) -> None:
@@ -397,11 +375,17 @@ class Episode:
         a reflection that revised the plan (the next round's executor is shown that reflection)."""
         if self.meta is None:
             return False
-        shown = [t for t in self.turns if t.kind == PLAN or (t.kind == REFLECT and t.round < self.round)]
+        shown = [
+            t
+            for t in self.turns
+            if (t.kind == PLAN and self.show_plan) or (t.kind == REFLECT and t.round < self.round)
+        ]
         return any(
-            states_answer(t.text, self.task.answer, self.meta.grammar, self.task.question) for t in shown
+            states_answer(self._shown_text(t), self.task.answer, self.meta.grammar, self.task.question)
+            for t in shown
         )
 
-
-def _tail(text: str, n: int) -> str:
-    return text if len(text) <= n else "..." + text[-n:]
+    def _shown_text(self, turn: TurnRecord) -> str:
+        """A meta-thinker turn as later executors read it: with its plans cut out when plans are hidden."""
+        text = turn.text.strip()
+        return text if self.show_plan or self.meta is None else without_plans(text, self.meta.grammar)

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from training.types import SamplingParams
 
 PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
-WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
 
 
 @dataclass
@@ -77,8 +76,10 @@ class RoundRecord:
     """One plan -> execute -> reflect round, graded when its executors are done."""
 
     index: int  # 0 for the first round
-    answer: str | None  # the executors' answer of this round (the last executor's), None if none answered
+    answer: str | None  # this round's answer: the last executor that answered; None if none did
     correct: bool  # that answer passes the task's verifier
     verdict: str | None = None  # the meta-thinker's reflection: accept | revise; None without a reflection
+    # the verdict was written (a verdict tag, or a revised plan); else the protocol accepted by default
+    verdict_tagged: bool = False
     ended: bool = False  # the episode ended after this round
     plan: str | None = None  # the plan this round's executors were shown (None: none was shown)

@@ -10,7 +10,7 @@ problems; the reflection metrics (meta_agent.reflection) of every episode come w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meta_agent.episode import Episode
 from meta_agent.rank_protocol import commit_lessons
@@ -39,7 +39,8 @@ class TaskScore:
     samples: int = 1  # episodes per problem
     pass_at: dict[int, float] = field(default_factory=dict)  # k -> pass@k, the unbiased estimator
     maj_accuracy: float | None = None  # accuracy of each problem's majority answer (samples > 1)
-    interval: tuple[float, float] = (0.0, 0.0)  # 95% interval of the accuracy, over problems
+    # 95% interval of the accuracy over problems (stats.mean_interval); None where none can be given
+    interval: tuple[float, float] | None = None
     reflection: dict[str, float | None] = field(default_factory=dict)  # meta_agent.reflection
 
     @property
@@ -67,7 +68,7 @@ def score(name: str, episodes: Sequence[Episode], samples: int = 1) -> TaskScore
     for group in problems:
         pick = majority([normal_answer(ep.final_answer) for ep in group])
         majority_right.append(pick is not None and group[pick].correct)
-    _, low, high = mean_interval(per_problem) if per_problem else (0.0, 0.0, 0.0)
+    spread = mean_interval(per_problem)
     return TaskScore(
         task=name,
         correct=sum(ep.correct for ep in episodes),
@@ -85,7 +86,7 @@ def score(name: str, episodes: Sequence[Episode], samples: int = 1) -> TaskScore
         if problems
         else {},
         maj_accuracy=sum(majority_right) / len(problems) if problems and samples > 1 else None,
-        interval=(low, high),
+        interval=None if spread is None else spread[1:],
         reflection=reflection_metrics([reflected(ep) for ep in episodes]),
     )
 
@@ -127,7 +128,8 @@ def evaluate(
         for start in range(0, len(items), settings.episodes_per_batch):
             chunk = items[start : start + settings.episodes_per_batch]
             batch = [system.factory.new(t, final_reflection=final_reflection) for t in chunk]
-            play(batch, system.backend, seed=seed + start, temperature=temperature)
+            # Episode i of the task samples with the seeds of index i: no two seeds' samples coincide.
+            play(batch, system.backend, seed=seed, temperature=temperature, first_index=start)
             if write:
                 lessons = system.factory.lessons(batch)
                 commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
@@ -149,7 +151,8 @@ def held_out_accuracy(
     No lesson writes: what the roles saw of the test set must not reach the memory they train with. So
     the last reflection, which can only write a lesson, is skipped: the answers are the same."""
     mine = {name: ranks.shard(task_list) for name, task_list in tasks.items()}
-    scores = evaluate(system, mine, settings, seed=seed, write_lessons=False, final_reflection=False)
+    greedy_once = replace(settings, samples=1)  # eval.samples is for meta-agent eval, not every step
+    scores = evaluate(system, mine, greedy_once, seed=seed, write_lessons=False, final_reflection=False)
     system.backbone.lockstep.drain()  # a sharded backbone: until every rank's episodes are done
     correct, total = ranks.sum(
         [sum(s.correct for s in scores.values()), sum(s.total for s in scores.values())]

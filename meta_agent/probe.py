@@ -7,8 +7,7 @@ hierarchy on the same problems with the same seeds.
 Arms (`probe.arms`):
 - `no_plan`: the meta-thinker plans, but its executors are not shown the plan;
 - `other_plan`: each problem's executors get the plan written for another problem (a seeded derangement);
-- `no_reflection`: one round, no reflection: the base episode's first-round answer (the same requests
-  with the same seeds give the same tokens, so it is read off the base episodes, not played again);
+- `no_reflection`: one round, no reflection (with protocol.max_rounds=1 that is the base itself);
 - `mixed`: the meta-thinker of `probe.meta_thinker_from` with the executors of `probe.executors_from`
   (either defaults to `adapters=`), to see which role's training made the difference;
 - `executors_alone`: the executors without a meta-thinker: no plan, no reflection.
@@ -25,7 +24,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -107,25 +106,41 @@ def probe(
     if meta_thinker(system.roles) is None:
         raise SettingError("meta-agent probe compares arms of a hierarchy: pick roles with a meta-thinker")
     n = len(tasks)
+    if n < 2:
+        raise SettingError(
+            f"meta-agent probe found {n} problem(s) of {settings.task}/{settings.split}: need 2"
+        )
+    mixed = "mixed" in settings.arms and bool(settings.meta_thinker_from or settings.executors_from)
+    notes: dict[str, str] = {}
+    if mixed:  # before any plan: new weights in the backbone empty the backend's prefix cache
+        notes["mixed"] = load_mixed_adapters(system, settings, adapters)
     # The last round's reflection can neither revise nor change an answer (it writes a lesson, which a
     # probe keeps out of memory): no arm plays it, as held-out evaluation does not.
     new = partial(system.factory.new, final_reflection=False)
     episodes: dict[str, list[Episode]] = {"base": [new(t) for t in tasks]}
     plans = generate_plans(system, episodes["base"], seed=seed, temperature=temperature)
     replay(episodes["base"], plans)
-    notes: dict[str, str] = {}
     if "no_plan" in settings.arms:
         episodes["no_plan"] = [new(t, show_plan=False) for t in tasks]
         replay(episodes["no_plan"], plans)
     if "other_plan" in settings.arms:
         episodes["other_plan"] = [new(t) for t in tasks]
         replay(episodes["other_plan"], [plans[j] for j in derangement(n, seed)])
-    if "mixed" in settings.arms and (settings.meta_thinker_from or settings.executors_from):
-        notes["mixed"] = load_mixed_adapters(system, settings, adapters)
+    if "no_reflection" in settings.arms:
+        one_round = replace(system.factory.limits, max_rounds=1)
+        episodes["no_reflection"] = [new(t, limits=one_round) for t in tasks]
+        replay(episodes["no_reflection"], plans)
+        if system.factory.limits.max_rounds == 1:
+            notes["no_reflection"] = (
+                "protocol.max_rounds=1: the base has one round too, so this arm is the base"
+            )
+    if mixed:
         episodes["mixed"] = [new(t, adapters=mixed_slots([r.name for r in system.roles])) for t in tasks]
-        replay(
-            episodes["mixed"], generate_plans(system, episodes["mixed"], seed=seed, temperature=temperature)
-        )
+        # The meta-thinker of adapters= plans as in the base: its plans are the base's.
+        mixed_plans = plans
+        if settings.meta_thinker_from:
+            mixed_plans = generate_plans(system, episodes["mixed"], seed=seed, temperature=temperature)
+        replay(episodes["mixed"], mixed_plans)
     if "executors_alone" in settings.arms:
         episodes["executors_alone"] = [new(t, roles=executors(system.roles)) for t in tasks]
     flat = [ep for arm in episodes.values() for ep in arm]
@@ -141,16 +156,12 @@ def probe(
     base = [ep.correct for ep in episodes["base"]]
     out = {"base": arm_result("base", episodes["base"], base, None, settings)}
     for name in settings.arms:
-        if name == "no_reflection":
-            first = [ep.rounds[0].correct for ep in episodes["base"]]
-            note = "the base episodes' first-round answers: the same requests and seeds give the same tokens"
-            out[name] = arm_result(name, None, first, base, settings, note=note)
-        elif name in episodes:
+        if name in episodes:
             correct = [ep.correct for ep in episodes[name]]
             out[name] = arm_result(name, episodes[name], correct, base, settings, note=notes.get(name, ""))
         else:
-            notes_for = "not run: set probe.meta_thinker_from and/or probe.executors_from"
-            out[name] = ArmResult(name, None, [], None, {}, notes_for)
+            why = "not run: set probe.meta_thinker_from and/or probe.executors_from"
+            out[name] = ArmResult(name, None, [], None, {}, why)
     return out, episodes
 
 

@@ -41,14 +41,23 @@ def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def standing(rounds: Sequence[RoundRecord]) -> list[bool]:
+    """After each round, whether the episode's answer so far is right: a round that gave no answer leaves
+    the previous round's standing (its answer stays the final one)."""
+    out: list[bool] = []
+    for r in rounds:
+        out.append(r.correct if r.answer is not None or not out else out[-1])
+    return out
+
+
 def transitions(episodes: Sequence[Sequence[RoundRecord]]) -> Counter:
-    """Counts of each kind of step between consecutive rounds of the same episode."""
+    """Counts of each kind of step between consecutive rounds of the same episode, judged by the answer
+    standing after each round (see `standing`)."""
     counts: Counter = Counter(dict.fromkeys(TRANSITIONS, 0))
     for rounds in episodes:
-        for before, after in zip(rounds, rounds[1:], strict=False):
-            counts[
-                f"{'right' if before.correct else 'wrong'}_to_{'right' if after.correct else 'wrong'}"
-            ] += 1
+        marks = standing(rounds)
+        for before, after in zip(marks, marks[1:], strict=False):
+            counts[f"{'right' if before else 'wrong'}_to_{'right' if after else 'wrong'}"] += 1
     return counts
 
 
@@ -80,8 +89,13 @@ def round_metrics(episodes: Sequence[Sequence[RoundRecord]]) -> dict[str, float 
     for name in TRANSITIONS:
         out[name] = float(moves[name])
         out[f"{name}_rate"] = ratio(moves[name], steps)
-    out["self_correction"] = ratio(moves["wrong_to_right"] - moves["right_to_wrong"], n)
+    # Per episode, where any episode had a second round to correct in (one round: nothing to measure).
+    out["self_correction"] = ratio(moves["wrong_to_right"] - moves["right_to_wrong"], n) if steps else None
     out["verdicts"] = float(total)
+    # verdicts the meta-thinker never wrote: neither a verdict nor a plan, so the protocol accepted
+    # (counted as accepts above)
+    untagged = sum(1 for rounds in episodes for r in rounds if r.verdict and not r.verdict_tagged)
+    out["untagged_verdicts"] = float(untagged)
     for name in VERDICTS:
         out[name] = float(judged[name])
     out["accept_given_right"] = ratio(judged["accept_right"], right)
@@ -104,16 +118,19 @@ class Reflected:
     rounds: tuple[RoundRecord, ...]
     leaked: bool  # the meta-thinker stated the answer where an executor reads it
     adherence: float | None  # meta_agent.adherence.episode_adherence
+    planned: bool = True  # a meta-thinker took part (without one nothing can leak)
 
 
 def reflected(episode: Episode) -> Reflected:
-    return Reflected(tuple(episode.rounds), episode.leaked, episode_adherence(episode))
+    return Reflected(
+        tuple(episode.rounds), episode.leaked, episode_adherence(episode), episode.meta is not None
+    )
 
 
 def reflection_metrics(episodes: Sequence[Reflected]) -> dict[str, float | None]:
     """Every reflection metric of finished episodes, keyed "reflection/<name>" (see the module doc)."""
     out = round_metrics([ep.rounds for ep in episodes])
-    out["answer_leaks"] = mean([float(ep.leaked) for ep in episodes])
+    out["answer_leaks"] = mean([float(ep.leaked) for ep in episodes if ep.planned])
     adherence = [ep.adherence for ep in episodes if ep.adherence is not None]
     out["plan_adherence"] = mean(adherence)
     out["plan_adherence_episodes"] = float(len(adherence))

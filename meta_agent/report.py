@@ -183,7 +183,7 @@ def episode_html(trace: dict) -> str:
         rows.append(f"<tr><th>{label}</th>{cells}</tr>")
     verdicts = "".join(
         f"<td>answer <code>{html.escape(str(c['answer']))}</code> {'right' if c['correct'] else 'wrong'}; "
-        f"verdict {c['verdict'] or '(no reflection)'}{'; ended' if c['ended'] else ''}</td>"
+        f"verdict {html.escape(str(c['verdict'] or '(no reflection)'))}{'; ended' if c['ended'] else ''}</td>"
         for c in columns
     )
     rows.append(f"<tr><th>outcome</th>{verdicts}</tr>")
@@ -193,8 +193,9 @@ def episode_html(trace: dict) -> str:
             for a, b in zip(columns, columns[1:], strict=False)
         )
         rows.append(f"<tr><th>what changed</th><td></td>{moved}</tr>")
-    title = f"{html.escape(trace['task'])} (step {trace.get('step', '-')}, gold <code>{html.escape(str(trace['gold']))}</code>)"
-    question = html.escape(trace["question"])
+    step = html.escape(str(trace.get("step", "-")))
+    title = f"{html.escape(str(trace['task']))} (step {step}, gold <code>{html.escape(str(trace['gold']))}</code>)"
+    question = html.escape(str(trace["question"]))
     return (
         f"<h3>{title}</h3><p>{question}</p><table class='ep'><tr><th></th>{head}</tr>{''.join(rows)}</table>"
     )

@@ -50,6 +50,7 @@ class EpisodeFactory:
         roles: Sequence[RoleSpec] | None = None,
         show_plan: bool = True,
         adapters: Mapping[str, str] | None = None,
+        limits: Limits | None = None,
     ) -> Episode:
         """A fresh episode of `task`, shown the lessons memory holds for it now. The probes pass a subset
         of the roles, hide the plan or swap a role's adapter (see Episode)."""
@@ -63,7 +64,7 @@ class EpisodeFactory:
             self.chat,
             self.registry,
             self.grade,
-            self.limits,
+            limits or self.limits,
             memories=hits,
             final_reflection=final_reflection,
             show_plan=show_plan,

@@ -64,8 +64,14 @@ class EvalSettings:
             raise ValueError(f"eval.episodes_per_batch must be >= 1, got {self.episodes_per_batch}")
         if self.samples < 1:
             raise ValueError(f"eval.samples must be >= 1, got {self.samples}")
-        if self.seeds is not None and not self.seeds:
-            raise ValueError("eval.seeds is empty: give at least one seed, or null for the run's seed")
+        if self.seeds is not None:
+            if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+                raise ValueError(f"eval.seeds={self.seeds}: give distinct seeds, or null for the run's seed")
+            if self.samples == 1 and self.temperature == 0:
+                raise ValueError(
+                    "eval.seeds reseeds sampling, and greedy evaluation samples nothing: every seed would give "
+                    "the same answers; set eval.samples above 1 or eval.temperature above 0"
+                )
 
 
 @dataclass
@@ -152,6 +158,8 @@ class ProbeSettings:
             raise ValueError(f"probe.arms names {unknown}; the arms are {list(PROBE_ARMS)}")
         if self.limit < 2:
             raise ValueError(f"probe.limit={self.limit}: a paired comparison needs at least 2 problems")
+        if self.resamples < 1:
+            raise ValueError(f"probe.resamples={self.resamples} must be >= 1")
 
 
 @dataclass

@@ -37,18 +37,30 @@ def majority(answers: Sequence[Hashable | None]) -> int | None:
     return next(i for i, a in enumerate(answers) if a is not None and counts[a] == top)
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its 95% normal-approximation interval, from the sample std of
-    `values` (one value per problem: its accuracy over the samples); the interval is clipped to [0, 1]."""
+def mean_interval(values: Sequence[float]) -> tuple[float, float, float] | None:
+    """(mean, low, high): the mean of `values` (one per problem: its accuracy, or its mean over samples)
+    and its 95% interval; None for no values. All 0/1: the Wilson score interval of the proportion
+    (defined for any n, and never [1, 1] when every problem is right). Otherwise the normal approximation
+    from the sample std, clipped to [0, 1]; None for fewer than two values."""
     n = len(values)
     if n == 0:
-        raise ValueError("an interval needs at least one value")
+        return None
     mean = sum(values) / n
-    if n == 1:
-        return mean, mean, mean
+    if all(v in (0, 1) for v in values):
+        return (mean, *wilson(mean, n))
+    if n < 2:
+        return None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = Z_95 * sd / math.sqrt(n)
     return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def wilson(p: float, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion p observed in n trials."""
+    z2 = Z_95 * Z_95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,7 @@ def paired_difference(
     n = len(diffs)
     rng = random.Random(seed)
     means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    low, high = means[int(0.025 * (resamples - 1))], means[int(round(0.975 * (resamples - 1)))]
+    low, high = (means[round(q * (resamples - 1))] for q in (0.025, 0.975))  # the same rule at both ends
     better = sum(1 for d in diffs if d > 0)
     worse = sum(1 for d in diffs if d < 0)
     return PairedDifference(sum(diffs) / n, low, high, better, worse, sign_test(better, worse))

@@ -55,7 +55,8 @@ def accuracy_table(scores: Mapping[str, TaskScore], title: str) -> Table:
     for col in columns:
         table.add_column(col, justify="left" if col == "task" else "right")
     for s in scores.values():
-        row = [s.task, f"{s.accuracy:.3f}", f"[{s.interval[0]:.3f}, {s.interval[1]:.3f}]"]
+        interval = "n/a" if s.interval is None else f"[{s.interval[0]:.3f}, {s.interval[1]:.3f}]"
+        row = [s.task, f"{s.accuracy:.3f}", interval]
         if sampled:
             row.append("  ".join(f"@{k} {v:.3f}" for k, v in s.pass_at.items()))
             row.append(f"@{s.samples} {fmt(s.maj_accuracy)}")

@@ -8,6 +8,7 @@ each turn with its reward and advantage.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
                 "answer": r.answer,
                 "correct": r.correct,
                 "verdict": r.verdict,
+                "verdict_tagged": r.verdict_tagged,
                 "ended": r.ended,
                 "plan": r.plan,
             }
@@ -74,24 +76,26 @@ def episode_markdown(ep: Episode) -> str:
         f"### {ep.task.id} ({mark})",
         f"**Question.** {ep.task.question}",
         "",
-        f"**Gold:** `{ep.task.answer}` | **answer:** `{ep.final_answer}`"
+        f"**Gold:** `{_cell(ep.task.answer)}` | **answer:** `{_cell(str(ep.final_answer))}`"
         + (" | truncated by budget" if ep.truncated else ""),
     ]
     if ep.memories:
-        lines += ["", "**Memories retrieved:**"] + [f"- ({h.score:.2f}) {h.entry.text}" for h in ep.memories]
+        lines += ["", "**Memories retrieved:**"] + [
+            f"- ({h.score:.2f}) {_line(h.entry.text)}" for h in ep.memories
+        ]
     for t in ep.turns:
         adv = "" if t.advantage is None else f", advantage {t.advantage:+.3f}"
         head = f"#### round {t.round + 1} - {t.role}: {t.kind} (reward {t.reward:+.2f}{adv}, {t.generated_tokens} tokens)"
-        lines += ["", head, "", "```text", t.text.strip() or "(empty)", "```"]
+        lines += ["", head, "", *_fenced(t.text.strip() or "(empty)")]
         for c in t.tool_calls:
             status = "ok" if c.ok else f"error: {c.error}"
             lines.append(
-                f"- tool `{c.name}` ({status}): `{c.arguments.strip()[:200]}` -> `{c.output.strip()[:200]}`"
+                f"- tool `{_cell(c.name)}` ({status}): `{_cell(c.arguments, 200)}` -> `{_cell(c.output, 200)}`"
             )
         if t.kind == "execute":
-            lines.append(f"- answer: `{t.answer}` (format {'kept' if t.format_ok else 'broken'})")
+            lines.append(f"- answer: `{_cell(str(t.answer))}` (format {'kept' if t.format_ok else 'broken'})")
     if ep.lesson:
-        lines += ["", f"**Lesson written to memory:** {ep.lesson}"]
+        lines += ["", f"**Lesson written to memory:** {_line(ep.lesson)}"]
     lines += ["", *rounds_table(ep)]
     return "\n".join(lines)
 
@@ -131,6 +135,18 @@ def write_step_traces(
         traces.write(episodes, split="train", step=step)
 
 
-def _cell(text: str) -> str:
-    """Model text inside a Markdown table cell: no line breaks, pipes or backticks to break the table."""
-    return " ".join(text.split()).replace("|", "\\|").replace("`", "'")[:80]
+def _cell(text: str, limit: int = 80) -> str:
+    """Model text inside inline code or a table cell: one line, no pipes or backticks to break out."""
+    return _line(text).replace("|", "\\|").replace("`", "'")[:limit]
+
+
+def _line(text: str) -> str:
+    """Model text on one line: a line break could start a forged table row or heading."""
+    return " ".join(text.split())
+
+
+def _fenced(text: str) -> list[str]:
+    """Model text in a code block whose fence is longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", text, fence]

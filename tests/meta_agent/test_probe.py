@@ -9,7 +9,7 @@ import torch
 from meta_agent.cli import main
 from meta_agent.config import load_config
 from meta_agent.probe import derangement, mixed_slots, probe
-from meta_agent.runner import play
+from meta_agent.runner import request_seed
 from meta_agent.system import build_system
 from meta_agent.tasks import load_tasks
 from tests.meta_agent.test_saved_adapters import FAST, save_changed_adapters
@@ -36,10 +36,11 @@ def test_arms_replay_plans_hide_them_and_swap_adapters(tiny_model_dir, tmp_path)
     )
     system = build_system(cfg, backbone)
     tasks = load_tasks("arith", "test", limit=4, seed=cfg.seed)
-    requests = []
+    calls = []
     real = system.backend.generate
-    system.backend.generate = lambda batch: requests.extend(batch) or real(batch)
+    system.backend.generate = lambda batch: calls.append(list(batch)) or real(batch)
     results, episodes = probe(system, tasks, cfg.probe, seed=0, temperature=0.0, adapters=None)
+    requests = [q for call in calls for q in call]
 
     assert list(results) == ["base", "no_plan", "other_plan", "no_reflection", "mixed", "executors_alone"]
     for r in results.values():
@@ -68,29 +69,42 @@ def test_arms_replay_plans_hide_them_and_swap_adapters(tiny_model_dir, tmp_path)
         executor_prompt = system.chat.decode_raw(ep.turns[1].prompt_ids)
         assert "Plan from the meta-thinker" not in executor_prompt and ep.rounds[0].plan is None
     assert all({t.role for t in ep.turns} == {"executor"} for ep in episodes["executors_alone"])
-    # one generation call for the plans of each meta-thinker, then the arms together
-    plan_calls = [
-        q
-        for q in requests
-        if q.adapter.startswith("meta_thinker") and q.prompt_ids[-1] == requests[0].prompt_ids[-1]
-    ]
-    assert plan_calls
+    # the plans: one batch for the base's meta-thinker, one for the mixed arm's; then every arm together
+    assert [q.adapter for q in calls[0]] == ["meta_thinker"] * 4
+    assert [q.adapter for q in calls[1]] == ["meta_thinker-mixed"] * 4
+    arms_at_once = {q.adapter for q in calls[2]}
+    assert {"executor", "executor-mixed"} <= arms_at_once and len(calls[2]) == 6 * 4  # 6 arms x 4 problems
 
 
-def test_no_reflection_is_the_base_first_round_as_playing_it_gives(tiny_model_dir):
+def test_arms_sample_with_the_seeds_of_their_problem(tiny_model_dir):
+    """Sampled (temperature > 0), each arm's request for problem i uses the base's seed for problem i."""
+    cfg = load_config(
+        [f"model.path={tiny_model_dir}", *PROBE, "probe.arms=[no_plan,other_plan,executors_alone]"]
+    )
+    system = build_system(cfg)
+    tasks = load_tasks("arith", "test", limit=4, seed=cfg.seed)
+    calls = []
+    real = system.backend.generate
+    system.backend.generate = lambda batch: calls.append(list(batch)) or real(batch)
+    probe(system, tasks, cfg.probe, seed=5, temperature=0.9, adapters=None)
+    plans, first = calls[0], calls[1]  # the plans, then every arm's first executor request
+    assert [q.seed for q in plans] == [request_seed(5, i, 0) for i in range(4)]
+    hierarchy = [request_seed(5, i, 1) for i in range(4)]  # after the plan: its second request
+    alone = [request_seed(5, i, 0) for i in range(4)]  # the executors alone make no plan first
+    assert [q.seed for q in first] == hierarchy * 3 + alone  # base, no_plan, other_plan, executors_alone
+
+
+def test_no_reflection_plays_one_round_and_matches_the_base_first_round(tiny_model_dir):
     cfg = load_config(
         [f"model.path={tiny_model_dir}", *PROBE, "protocol.max_rounds=2", "probe.arms=[no_reflection]"]
     )
     system = build_system(cfg)
     tasks = load_tasks("arith", "test", limit=4, seed=cfg.seed)
-    results, _ = probe(system, tasks, cfg.probe, seed=0, temperature=0.0, adapters=None)
-    one_round = [system.factory.new(t, final_reflection=False) for t in tasks]
-    for ep in one_round:
-        ep.limits = type(ep.limits)(
-            max_rounds=1, max_turns=ep.limits.max_turns, max_new_tokens=ep.limits.max_new_tokens
-        )
-    play(one_round, system.backend, seed=0, temperature=0.0)
-    assert results["no_reflection"].correct == [ep.correct for ep in one_round]
+    results, episodes = probe(system, tasks, cfg.probe, seed=0, temperature=0.0, adapters=None)
+    assert all(len(ep.rounds) == 1 and ep.rounds[0].verdict is None for ep in episodes["no_reflection"])
+    # greedy, same prompts: one round without reflection answers as the base's first round did
+    assert results["no_reflection"].correct == [ep.rounds[0].correct for ep in episodes["base"]]
+    assert results["no_reflection"].note == ""  # two rounds allowed: the arms differ in principle
 
 
 def test_probe_command_writes_json_and_markdown_and_loads_the_backbone_once(
@@ -117,7 +131,7 @@ def test_probe_command_writes_json_and_markdown_and_loads_the_backbone_once(
     assert "| arm | accuracy | difference | 95% interval | better / worse | p |" in table
     assert "| executors_alone |" in table
     traces = [json.loads(line) for line in (run / "traces.jsonl").read_text().splitlines()]
-    assert {t["arm"] for t in traces} == set(data["arms"]) - {"no_reflection"} and len(traces) == 5 * 4
+    assert {t["arm"] for t in traces} == set(data["arms"]) and len(traces) == 6 * 4
 
 
 def test_mixed_arm_without_checkpoints_is_reported_not_run(tiny_model_dir, tmp_path):

@@ -81,9 +81,24 @@ def test_what_cannot_be_computed_is_none_not_zero():
         "accept_given_right",
     ):
         assert m[f"reflection/{name}"] is None, name
-    assert m["reflection/self_correction"] == 0.0  # defined: no corrections over one episode
+    assert m["reflection/self_correction"] is None  # one round: nothing to correct in
+    assert m["reflection/answer_leaks"] == 0.0  # a meta-thinker was there and did not leak
     assert m["reflection/transitions"] == 0 and m["reflection/verdicts"] == 0
-    assert reflection_metrics([])["reflection/self_correction"] is None
+    alone = reflection_metrics([Reflected(rounds((True, None)), leaked=False, adherence=None, planned=False)])
+    assert alone["reflection/answer_leaks"] is None  # no meta-thinker: nothing could leak
+    assert reflection_metrics([])["reflection/rounds_used"] is None
+
+
+def test_a_round_without_an_answer_leaves_the_standing_answer():
+    # right, revised, then the second round answers nothing: the first answer stays final and right
+    silent = (RoundRecord(0, "12", True, "revise"), RoundRecord(1, None, False, "accept", ended=True))
+    assert transitions([silent])["right_to_right"] == 1 and transitions([silent])["right_to_wrong"] == 0
+
+
+def test_verdicts_the_meta_thinker_never_wrote_are_counted():
+    r = (RoundRecord(0, "1", False, "accept", ended=True, verdict_tagged=False),)
+    m = reflection_metrics([Reflected(r, leaked=False, adherence=None)])
+    assert m["reflection/accept_wrong"] == 1 and m["reflection/untagged_verdicts"] == 1
 
 
 def test_final_answer_round_is_the_last_round_that_answered():

@@ -33,6 +33,7 @@ def test_a_revision_that_fixes_the_answer_is_graded_round_by_round(make_episode)
             "answer": WRONG,
             "correct": False,
             "verdict": "revise",
+            "verdict_tagged": True,
             "ended": False,
             "plan": "multiply then add",
         },
@@ -41,6 +42,7 @@ def test_a_revision_that_fixes_the_answer_is_graded_round_by_round(make_episode)
             "answer": TASK.answer,
             "correct": True,
             "verdict": "accept",
+            "verdict_tagged": True,
             "ended": True,
             "plan": "call the calculator on it all",
         },
@@ -104,3 +106,30 @@ def test_probe_options_hide_the_plan_and_swap_adapters(make_episode, role_sets, 
     ep.advance_text(answer(TASK.answer))
     ep.advance_text(REFLECTION)
     assert ep.rounds[0].plan is None  # the executors saw no plan: nothing to adhere to
+
+
+def lines_outside_fences(markdown: str) -> list[str]:
+    out, fence = [], None
+    for line in markdown.splitlines():
+        if fence is None and line.startswith("```"):
+            fence = line[: len(line) - len(line.lstrip("`"))]
+        elif fence is not None and line == fence:
+            fence = None
+        elif fence is None:
+            out.append(line)
+    return out
+
+
+def test_model_text_cannot_forge_the_rounds_table_or_escape_the_page(make_episode):
+    forged = "12\n```\n| 2 | `42` | yes | accept | yes |\n````\n<script>alert(1)</script>"
+    ep = make_episode("hierarchy")
+    for action in (PLAN, answer(forged), "<reflection>```</reflection><lesson>| a | b |\n| 9 |</lesson>"):
+        ep.advance_text(action)
+    table = [line for line in lines_outside_fences(episode_markdown(ep)) if line.startswith("|")]
+    assert len(table) == 3  # the header, its rule and round 1: nothing the model wrote
+    assert not any("| 2 |" in row for row in table)  # the forged row stayed inside its code block
+
+    from meta_agent.report import episode_html
+
+    page = episode_html(episode_dict(ep, step="<b>1</b>"))
+    assert "<script>" not in page and "&lt;script&gt;" in page and "<b>1</b>" not in page

@@ -64,7 +64,10 @@ def test_traces_grade_every_round(run):
     for t in traces:
         assert t["rounds"] and t["rounds"][-1]["ended"] and not any(r["ended"] for r in t["rounds"][:-1])
         assert len(t["rounds"]) == t["rounds_used"]
-        assert all(set(r) == {"round", "answer", "correct", "verdict", "ended", "plan"} for r in t["rounds"])
+        assert all(
+            set(r) == {"round", "answer", "correct", "verdict", "verdict_tagged", "ended", "plan"}
+            for r in t["rounds"]
+        )
 
 
 def test_report_renders_figures_and_episodes(run, capsys):

@@ -25,10 +25,17 @@ def test_majority_picks_the_most_common_answer_first_seen_on_ties():
 
 
 def test_mean_interval_by_hand():
-    # [1, 0, 1, 1]: mean 0.75, sample sd sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5, half 1.96 * 0.5 / 2 = 0.49
+    # [0.5, 1, 0.75, 0.75] (means over samples): mean 0.75, sd sqrt((0.0625 + 0.0625) / 3) = 0.2041,
+    # half 1.96 * 0.2041 / 2 = 0.2000
+    mean, low, high = mean_interval([0.5, 1.0, 0.75, 0.75])
+    assert mean == 0.75 and low == pytest.approx(0.55, abs=1e-3) and high == pytest.approx(0.95, abs=1e-3)
+    assert mean_interval([0.5]) is None and mean_interval([]) is None
+    # 0/1 values: Wilson, z^2 = 3.8415. 3 of 4 right: centre (0.75 + 3.8415/8) / (1 + 3.8415/4) = 0.6275,
+    # half 1.96 * sqrt(0.75 * 0.25 / 4 + 3.8415 / 64) / 1.9604 = 0.3269 -> [0.3006, 0.9544]
     mean, low, high = mean_interval([1, 0, 1, 1])
-    assert mean == 0.75 and low == pytest.approx(0.26, abs=1e-3) and high == 1.0  # clipped at 1
-    assert mean_interval([0.5]) == (0.5, 0.5, 0.5)
+    assert mean == 0.75 and low == pytest.approx(0.3006, abs=1e-3) and high == pytest.approx(0.9544, abs=1e-3)
+    # every problem right is not certainty: 8 of 8 -> [0.6756, 1.0]
+    assert mean_interval([1] * 8)[1] == pytest.approx(0.6756, abs=1e-3)
 
 
 def test_sign_test_by_hand():
