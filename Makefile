@@ -8,7 +8,7 @@ PYTHON ?= python3
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bench-setup vllm-setup device-prep run test test-fast test-slow test-vllm lint format bench bench-learning bench-vllm bench-gpu clean
+.PHONY: setup bench-setup vllm-setup device-prep run test test-fast test-slow test-vllm lint format bench bench-learning bench-reflection bench-vllm bench-gpu clean
 
 setup: $(VENV)/.installed
 
@@ -83,6 +83,12 @@ bench: bench-setup
 # Does SFT then GRPO learn, and what does the hierarchy cost? About 26 minutes on 2 cores.
 bench-learning: setup
 	$(PY) -m bench.learning
+
+# What reflection does in a finished run of the default experiment, before and after GRPO (the probes of
+# both adapter sets), into bench/results/reflection.json: make bench-reflection RUN=runs/arith_hierarchy-X
+bench-reflection: setup
+	@test -n "$(RUN)" || { echo "bench-reflection needs RUN=<a finished run folder of experiment=arith_hierarchy>"; exit 2; }
+	HF_HUB_OFFLINE=1 $(PY) -m bench.reflection --run $(RUN)
 
 # vLLM against hf: rollout tokens/s on one GRPO batch (about 4 minutes), into bench/results/vllm.json.
 # Whether training from its rollouts learns as well: `$(PY) -m bench.vllm --learning --seeds 0,1` (~30 min a seed).

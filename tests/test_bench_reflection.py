@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.reflection import stages, summary_of_eval, summary_of_probe
+from bench.reflection import stages, summary
 from tests.bench_run import run_bench
 from tests.meta_agent.test_cli import run_cli
 from tests.meta_agent.test_train_cli import TINY
@@ -19,20 +19,23 @@ def test_a_folder_without_sft_best_and_a_checkpoint_is_refused(tmp_path):
         stages(tmp_path)
 
 
-def test_summaries_keep_accuracy_differences_and_reflection():
-    arith = {"accuracy": 0.5, "interval": [0.2, 0.8], "total": 4, "reflection": {"reflection/verdicts": 4.0}}
-    summary = summary_of_eval({"seconds": 1.0, "0": {"arith": arith}})
-    assert summary["accuracy"] == 0.5 and summary["verdicts"] == 4.0 and summary["revision_rate"] is None
-    diff = {"mean": -0.25, "low": -0.5, "high": 0.0, "better": 0, "worse": 1, "p_value": 1.0}
-    probe = {
-        "problems": 4,
-        "seconds": 2.0,
-        "arms": {"base": {"accuracy": 0.5, "difference": None, "note": ""}},
+def test_the_summary_keeps_the_base_arms_reflection_and_every_arms_difference():
+    base = {
+        "accuracy": 0.5,
+        "correct": [True, False, True, False],
+        "difference": None,
+        "reflection": {"reflection/verdicts": 4.0},
+        "note": "",
     }
-    probe["arms"]["no_plan"] = {"accuracy": 0.25, "difference": diff, "note": ""}
-    arms = summary_of_probe(probe)["arms"]
-    assert arms["no_plan"]["difference"] == -0.25 and arms["no_plan"]["better_worse"] == [0, 1]
-    assert arms["base"]["interval"] is None
+    diff = {"mean": -0.25, "low": -0.5, "high": 0.0, "better": 0, "worse": 1, "p_value": 1.0}
+    no_plan = {"accuracy": 0.25, "correct": [True, False, False, False], "difference": diff, "note": ""}
+    result = {"problems": 4, "seconds": 2.0, "wall_seconds": 3.0, "arms": {"base": base, "no_plan": no_plan}}
+    out = summary(result)
+    assert out["accuracy"] == 0.5 and out["reflection"]["verdicts"] == 4.0
+    assert out["reflection"]["revision_rate"] is None  # not in the arm's metrics: undefined, not 0
+    assert out["interval"] == [0.1500, 0.8500]  # Wilson, 2 of 4: 0.5 -+ 0.3500 (by hand)
+    assert out["arms"]["no_plan"]["difference"] == -0.25 and out["arms"]["no_plan"]["better_worse"] == [0, 1]
+    assert out["arms"]["base"]["interval"] is None
 
 
 @pytest.mark.slow
@@ -53,9 +56,7 @@ def test_smoke_run_on_a_tiny_trained_run(tiny_model_dir, tmp_path):
         "reflection",
         "--run",
         str(run),
-        "--eval-limit",
-        "2",
-        "--probe-limit",
+        "--limit",
         "2",
         "--out",
         str(out),
@@ -70,12 +71,8 @@ def test_smoke_run_on_a_tiny_trained_run(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
     for stage in ("before_grpo", "after_grpo"):
-        evals = result["stages"][stage]["eval"]
-        assert 1.0 <= evals["rounds_used"] <= 2.0 and 0 <= evals["first_round_accuracy"] <= 1
-        assert set(result["stages"][stage]["probe"]["arms"]) >= {
-            "base",
-            "no_plan",
-            "mixed",
-            "executors_alone",
-        }
+        measured = result["stages"][stage]
+        assert 1.0 <= measured["reflection"]["rounds_used"] <= 2.0 and measured["problems"] == 2
+        assert set(measured["arms"]) >= {"base", "no_plan", "no_reflection", "mixed", "executors_alone"}
+        assert measured["arms"]["mixed"]["accuracy"] is not None  # the other stage's meta-thinker was loaded
     assert result["machine"]["cpu_count"] >= 1 and "measured_at" in result
