@@ -86,7 +86,10 @@ def probe(args: list[str], out: Path) -> dict:
     )
     if proc.returncode != 0:
         raise SystemExit(f"meta-agent probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {"wall_seconds": round(time.perf_counter() - started, 1), **json.loads((out / "probe.json").read_text())}
+    return {
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        **json.loads((out / "probe.json").read_text()),
+    }
 
 
 def summary(result: dict) -> dict:

@@ -26,7 +26,14 @@ from meta_agent.episode_records import (
     ToolCall,
     TurnRecord,
 )
-from meta_agent.prompts import memory_block, previous_block, without_plans, work_block
+from meta_agent.prompts import (
+    environment_markers,
+    memory_block,
+    neutralise,
+    previous_block,
+    without_plans,
+    work_block,
+)
 from meta_agent.tasks import Task
 from roles import (
     META_THINKER,
@@ -93,6 +100,8 @@ class Episode:
         self.final_reflection = final_reflection
         self.show_plan = show_plan
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
+        specials = getattr(chat.tokenizer, "all_special_tokens", ())
+        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials)
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
@@ -147,10 +156,13 @@ class Episode:
     def advance(
         self, token_ids: Sequence[int], logprobs: Sequence[float], text: str, finish_reason: str
     ) -> None:
-        """Append one generated segment to the current turn and move the protocol on."""
+        """Append one generated segment to the current turn and move the protocol on. The text is the
+        model's: what in it imitates the environment is quoted before anyone reads it, and counted."""
         if self.done:
             raise RuntimeError("advance() on a finished episode")
         turn = self.turns[-1]
+        text, forged = neutralise(text, self._markers)
+        turn.forged += forged
         turn.completion_ids += list(token_ids)
         turn.mask += [1] * len(token_ids)
         turn.logprobs += list(logprobs) if logprobs else [0.0] * len(token_ids)
@@ -159,10 +171,11 @@ class Episode:
         out_of_budget = self._tokens_used >= self.limits.max_new_tokens
         final = finish_reason != "stop" or out_of_budget
         if turn.kind == EXECUTE:
-            self._advance_executor(turn, final=final, out_of_budget=out_of_budget)
+            self._advance_executor(turn, final=final, out_of_budget=out_of_budget, forged=forged > 0)
         elif turn.kind == PLAN:
             turn.answer = None
-            self.plan, turn.format_ok = parse_plan(turn.text, self.roles[turn.role].grammar)
+            self.plan, format_ok = parse_plan(turn.text, self.roles[turn.role].grammar)
+            turn.format_ok = format_ok and not turn.forged
             self._after_turn(out_of_budget)
         else:
             self._after_reflection(turn, out_of_budget)
@@ -174,7 +187,11 @@ class Episode:
         reason = "stop" if any(text.rstrip().endswith(s) for s in stops) else "eos"
         self.advance(ids, [0.0] * len(ids), text, reason)
 
-    def _advance_executor(self, turn: TurnRecord, *, final: bool, out_of_budget: bool) -> None:
+    def _advance_executor(self, turn: TurnRecord, *, final: bool, out_of_budget: bool, forged: bool) -> None:
+        if forged:  # a segment that writes its own observation is refused: no call, no answer, broken format
+            turn.answer, turn.format_ok = None, False
+            self._after_turn(out_of_budget)
+            return
         role = self.roles[turn.role]
         segment = turn.text[self._segment_start :]
         step = parse_executor(segment, role.grammar, final=final)
@@ -206,8 +223,12 @@ class Episode:
                     )
                 else:
                     result = self.registry.call(name, arguments)
-        turn.tool_calls.append(ToolCall(name, body, result.output, result.ok, result.error))
-        observation = role.grammar.wrap_tool_result(result.output)
+        # A tool's output can echo what the model wrote (a program's prints, an error quoting the call):
+        # markers in it are quoted and counted too, so no output closes its own tag early.
+        output, forged = neutralise(result.output, self._markers)
+        turn.forged += forged
+        turn.tool_calls.append(ToolCall(name, body, output, result.ok, result.error))
+        observation = role.grammar.wrap_tool_result(output)
         ids = self.chat.encode(observation)
         turn.completion_ids += ids
         turn.mask += [0] * len(ids)
@@ -225,6 +246,7 @@ class Episode:
             out.reflection is not None
             and all(tag in turn.text for tag in grammar.reflection)
             and not lesson_open
+            and not turn.forged
         )
         self.lesson = out.lesson
         self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
@@ -333,7 +355,9 @@ class Episode:
                 outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in turns), leaked=self.leaked)
             else:
                 errors = sum(1 for t in turns for c in t.tool_calls if not c.ok)
-                outcome = Outcome(self.correct, format_ok=turns[-1].format_ok, tool_errors=errors)
+                # A forged observation in any of its turns costs the format penalty, whatever came after.
+                format_ok = turns[-1].format_ok and not any(t.forged for t in turns)
+                outcome = Outcome(self.correct, format_ok=format_ok, tool_errors=errors)
             reward = role_reward(role.kind, role.reward, outcome)
             self.rewards[role.name] = reward
             for t in turns:

@@ -60,6 +60,9 @@ class TurnRecord:
     tool_calls: list[ToolCall] = field(default_factory=list)
     answer: str | None = None
     format_ok: bool = False
+    # Markers only the environment writes (tool-result tags, block and role headers, chat special
+    # tokens) that this turn's own text held; quoted in `text` (meta_agent.prompts.neutralise).
+    forged: int = 0
     reward: float = 0.0
     advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.credit)
 

@@ -24,6 +24,8 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> d
         "rollout/tool_errors": sum(ep.tool_errors for ep in episodes) / n,
         "rollout/memory_hits": sum(len(ep.memories) for ep in episodes) / n,
         "rollout/truncated": sum(ep.truncated for ep in episodes) / n,
+        # A count, not a mean: every marker of the environment a role wrote itself (meta_agent.prompts).
+        "rollout/forged_observations": float(sum(t.forged for ep in episodes for t in ep.turns)),
     }
     for role in roles:
         turns = [t for ep in episodes for t in ep.turns if t.role == role.name]
@@ -35,4 +37,5 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> d
         metrics[f"{prefix}/tool_calls"] = sum(len(t.tool_calls) for t in turns) / n
         metrics[f"{prefix}/tool_errors"] = sum(1 for t in turns for c in t.tool_calls if not c.ok) / n
         metrics[f"{prefix}/format_ok"] = sum(t.format_ok for t in turns) / len(turns)
+        metrics[f"{prefix}/forged_observations"] = float(sum(t.forged for t in turns))
     return metrics

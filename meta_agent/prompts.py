@@ -1,18 +1,64 @@
 """The text blocks a turn's prompt is built from: lessons, the work so far, a previous attempt.
 
 Pure functions of what the episode recorded (meta_agent.episode builds each turn's messages from them).
-Model text enters these prompts as data: it is cut to its last WORK_CHARS characters, never interpreted.
+Model text enters these prompts as data: it is cut to its last WORK_CHARS characters, never interpreted,
+and what in it imitates the environment (a tool result, a lesson block, another role's header, a chat
+special token) is quoted by `neutralise` before anyone reads it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from memory.types import MemoryHit
 from meta_agent.episode_records import TurnRecord
 from roles import Grammar
 
 WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
+# The headers of the blocks below: only the environment writes them at the start of a line.
+LESSONS_HEADER = "Lessons from similar problems:"
+WORK_HEADER = "Work so far:"
+PREVIOUS_HEADER = "Previous attempt:"
+REFLECTION_HEADER = "The meta-thinker's reflection:"
+_QUOTED = str.maketrans("<>[]", "\u2039\u203a\u2039\u203a")  # < > [ ] -> single guillemets
+
+
+@dataclass(frozen=True)
+class Markers:
+    """What only the environment writes into a prompt: `anywhere` (tool-result tags, chat special
+    tokens) and `line_start` (block headers, `[role]` headers of the work block)."""
+
+    anywhere: tuple[str, ...]
+    line_start: tuple[str, ...]
+
+
+def environment_markers(
+    grammars: Iterable[Grammar], roles: Iterable[str], special_tokens: Iterable[str]
+) -> Markers:
+    tags = {tag for g in grammars for tag in g.tool_result}
+    anywhere = sorted(tags | {t for t in special_tokens if t}, key=len, reverse=True)
+    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, *(f"[{r}]" for r in roles)]
+    return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
+
+
+def neutralise(text: str, markers: Markers) -> tuple[str, int]:
+    """`text` (a model's) with every environment marker quoted, and how many there were. A tag or
+    special token gets its brackets turned into guillemets (`<tool_result>` -> `\u2039tool_result\u203a`);
+    a header at the start of a line gets "> " before it. The result holds no marker, so a second pass
+    finds none."""
+    count = 0
+    for marker in markers.anywhere:
+        found = text.count(marker)
+        if found:
+            text = text.replace(marker, marker.translate(_QUOTED))
+            count += found
+    if markers.line_start:
+        pattern = re.compile(r"(?m)^([ \t]*)(" + "|".join(map(re.escape, markers.line_start)) + ")")
+        text, found = pattern.subn(r"\1> \2", text)
+        count += found
+    return text, count
 
 
 def tail(text: str, n: int = WORK_CHARS) -> str:
@@ -24,7 +70,7 @@ def memory_block(memories: Sequence[MemoryHit]) -> str:
     if not memories:
         return ""
     lines = "\n".join(f"- {hit.entry.text}" for hit in memories)
-    return f"Lessons from similar problems:\n{lines}\n\n"
+    return f"{LESSONS_HEADER}\n{lines}\n\n"
 
 
 def work_block(turns: Sequence[TurnRecord]) -> str:
@@ -38,11 +84,11 @@ def previous_block(
     """Earlier executors of this round; or, for the first executor of a later round, the last round's
     attempt and the reflection that asked for this one; empty for the first executor of round one."""
     if this_round:
-        return f"Work so far:\n{work_block(this_round)}\n\n"
+        return f"{WORK_HEADER}\n{work_block(this_round)}\n\n"
     if not last_round:
         return ""
     work = "\n\n".join(tail(t.text.strip()) for t in last_round)
-    return f"Previous attempt:\n{work}\n\nThe meta-thinker's reflection:\n{tail(reflection)}\n\n"
+    return f"{PREVIOUS_HEADER}\n{work}\n\n{REFLECTION_HEADER}\n{tail(reflection)}\n\n"
 
 
 def without_plans(text: str, grammar: Grammar) -> str:

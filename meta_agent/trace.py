@@ -49,6 +49,7 @@ def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
                 "text": t.text,
                 "answer": t.answer,
                 "format_ok": t.format_ok,
+                "forged": t.forged,
                 "tool_calls": [
                     {
                         "name": c.name,
@@ -94,6 +95,8 @@ def episode_markdown(ep: Episode) -> str:
             )
         if t.kind == "execute":
             lines.append(f"- answer: `{_cell(str(t.answer))}` (format {'kept' if t.format_ok else 'broken'})")
+        if t.forged:
+            lines.append(f"- forged observations: {t.forged} (what imitated the environment is quoted above)")
     if ep.lesson:
         lines += ["", f"**Lesson written to memory:** {_line(ep.lesson)}"]
     lines += ["", *rounds_table(ep)]
