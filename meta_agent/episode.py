@@ -31,6 +31,7 @@ from meta_agent.prompts import (
     memory_block,
     neutralise,
     previous_block,
+    valid_text,
     without_plans,
     work_block,
 )
@@ -215,6 +216,7 @@ class Episode:
                 result, name = parsed, "?"
             else:
                 name, arguments = parsed
+                name = valid_text(name)  # JSON can spell a lone surrogate; the traces must still write it
                 # What the role may call and the registry holds: its system prompt lists the same.
                 available = [t for t in role.tools if t in self.registry]
                 if name not in available:

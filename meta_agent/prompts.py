@@ -43,12 +43,18 @@ def environment_markers(
     return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
 
 
+def valid_text(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate (JSON's "\\ud800" decodes to one) becomes "?", so no
+    writer of traces, Markdown or TensorBoard text fails on what a model wrote."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def neutralise(text: str, markers: Markers) -> tuple[str, int]:
-    """`text` (a model's) with every environment marker quoted, and how many there were. A tag or
+    """`text` (a model's), valid UTF-8, with every environment marker quoted, and how many there were. A tag or
     special token gets its brackets turned into guillemets (`<tool_result>` -> `\u2039tool_result\u203a`);
     a header at the start of a line gets "> " before it. The result holds no marker, so a second pass
     finds none."""
-    count = 0
+    text, count = valid_text(text), 0
     for marker in markers.anywhere:
         found = text.count(marker)
         if found:

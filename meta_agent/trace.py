@@ -123,7 +123,8 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, episodes: list[Episode], **extra: Any) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
+        # errors="replace": whatever text an episode holds, the writer writes it (a lone surrogate as "?").
+        with self.path.open("a", encoding="utf-8", errors="replace") as f:
             for ep in episodes:
                 f.write(json.dumps(episode_dict(ep, **extra), ensure_ascii=False) + "\n")
 

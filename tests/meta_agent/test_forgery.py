@@ -7,6 +7,7 @@ import pytest
 
 from meta_agent.metrics import rollout_metrics
 from meta_agent.prompts import Markers, environment_markers, neutralise
+from meta_agent.trace import TraceWriter, episode_markdown
 from roles import Grammar
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
 
@@ -126,3 +127,16 @@ def test_a_program_that_prints_a_closing_tag_cannot_end_its_result_early(make_ep
     assert executor.text.count("</tool_result>") == 1  # the environment's own closing tag, once
     ep.advance_text(answer("1"))
     assert executor.answer == "1"  # the printed answer inside the result was never taken for one
+
+
+def test_a_tool_name_with_a_lone_surrogate_is_written_to_every_trace(make_episode, tmp_path):
+    ep = make_episode("hierarchy")
+    ep.advance_text(PLAN)
+    ep.advance_text('<tool_call>{"name": "\\ud800", "arguments": {"expression": "\\udfff"}}</tool_call>')
+    (call,) = ep.current.tool_calls
+    assert call.name == "?" and not call.ok
+    ep.advance_text(answer("1"))
+    ep.advance_text(REFLECTION)
+    TraceWriter(tmp_path / "traces.jsonl").write([ep], step=0)
+    assert "unknown tool" in (tmp_path / "traces.jsonl").read_text(encoding="utf-8")
+    episode_markdown(ep).encode("utf-8")  # no UnicodeEncodeError
