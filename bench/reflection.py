@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -77,6 +78,7 @@ def stages(run: Path) -> dict[str, Path]:
 def probe(args: list[str], out: Path) -> dict:
     """Run `meta-agent probe` as a user does; returns its probe.json and the seconds it took."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    shutil.rmtree(out, ignore_errors=True)  # this bench's own folder: a rerun measures afresh, into it
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "meta_agent", "probe", *args, f"run_dir={out}"],

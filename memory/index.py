@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -225,9 +226,17 @@ def read_index(path: Path) -> faiss.IndexIDMap2 | None:
 
 def write_index_atomic(index: faiss.Index, path: Path) -> None:
     """Write `index` to `path` so that a reader sees either the old file or the new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, path)
+    # A temporary file of its own: two processes flushing one folder never write (or rename) each
+    # other's. The last rename wins; SQLite stays the truth, and an index file that misses another
+    # writer's entries is rebuilt on the next open.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        faiss.write_index(index, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def is_kind(index: faiss.IndexIDMap2, kind: str) -> bool:

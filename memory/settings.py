@@ -42,10 +42,11 @@ class MemorySettings:
 
 
 def open_memory(
-    settings: MemorySettings, embedder: Embedder, *, read_only: bool = False
+    settings: MemorySettings, embedder: Embedder, *, read_only: bool = False, writer: str = ""
 ) -> FaissMemory | None:
     """The memory `settings` describe, or None when it is off. `read_only`: another process writes the
-    folder (the ranks after the first of a multi-process run); an in-process memory is always writable."""
+    folder (the ranks after the first of a multi-process run); an in-process memory is always writable.
+    `writer` tags what this process adds (a run passes its folder)."""
     if not settings.enabled:
         return None
     path = Path(settings.path) if settings.path else None
@@ -56,4 +57,5 @@ def open_memory(
         ef_search=settings.hnsw_ef_search,
         nprobe=settings.ivf_nprobe,
         read_only=read_only and path is not None,
+        writer=writer,
     )

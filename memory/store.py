@@ -59,10 +59,11 @@ CREATE TABLE IF NOT EXISTS entries (
     reward REAL NOT NULL,
     created REAL NOT NULL,
     last_used REAL NOT NULL,
-    vector BLOB NOT NULL  -- float32 little-endian, dim values
+    vector BLOB NOT NULL,  -- float32 little-endian, dim values
+    writer TEXT NOT NULL DEFAULT ''  -- who wrote it (a run's folder); '' for untagged writes
 );
 """
-_ENTRY_COLUMNS = "id, text, kind, task, reward, created, last_used"
+_ENTRY_COLUMNS = "id, text, kind, task, reward, created, last_used, writer"
 
 
 def _embedder_name(embedder: Embedder) -> str:
@@ -99,6 +100,11 @@ class FaissMemory:
     read_only: another process owns the folder (rank 0 of a multi-process run): this one never writes
         to it (adds and deletes raise, searches leave last_used alone, the index file is never written)
         and calls refresh() to see what the owner committed.
+    writer: tags every entry this handle adds (a run passes its folder), so that `ids(writer=...)`
+        finds one writer's entries in a memory that several share (a resume undoes only its own).
+
+    Several processes may write one folder at once: each add commits to SQLite (which serialises
+    them), and each process writes the index file through a temporary file of its own.
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class FaissMemory:
         flush_every: int = 1000,
         clock: Callable[[], float] = time.time,
         read_only: bool = False,
+        writer: str = "",
     ):
         if candidate_factor < 1:
             raise ValueError(f"candidate_factor must be >= 1, got {candidate_factor}")
@@ -132,6 +139,7 @@ class FaissMemory:
         self.index_kind = index
         self.flush_every = flush_every
         self.read_only = read_only
+        self.writer = writer
         if read_only and path is None:
             raise ValueError("a read-only memory needs a folder (path) that another process writes")
         self._clock = clock
@@ -149,6 +157,7 @@ class FaissMemory:
             self._db.execute("PRAGMA synchronous=NORMAL")
         try:
             self._db.executescript(_SCHEMA)
+            self._upgrade_schema()
             self._check_meta()
             self._index = self._open_index()
         except BaseException:
@@ -159,6 +168,13 @@ class FaissMemory:
 
     def _where(self) -> str:
         return str(self.path) if self.path is not None else "the in-memory store"
+
+    def _upgrade_schema(self) -> None:
+        """A folder written before entries had a writer gets the column; its entries stay untagged."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(entries)")}
+        if "writer" not in columns and not self.read_only:
+            with self._db:
+                self._db.execute("ALTER TABLE entries ADD COLUMN writer TEXT NOT NULL DEFAULT ''")
 
     def _check_meta(self) -> None:
         """Record the embedder on first open; refuse a different one on reopen."""
@@ -288,9 +304,18 @@ class FaissMemory:
         with self._db:  # one transaction per batch, committed on exit
             for text, kind, task, reward, vector in zip(texts, kinds, tasks, rewards, vectors, strict=True):
                 cursor = self._db.execute(
-                    "INSERT INTO entries (text, kind, task, reward, created, last_used, vector) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (text, str(kind), str(task), reward, now, now, vector.astype("<f4").tobytes()),
+                    "INSERT INTO entries (text, kind, task, reward, created, last_used, vector, writer) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        text,
+                        str(kind),
+                        str(task),
+                        reward,
+                        now,
+                        now,
+                        vector.astype("<f4").tobytes(),
+                        self.writer,
+                    ),
                 )
                 ids.append(int(cursor.lastrowid))
         add_vectors(self._index, np.asarray(ids, dtype=np.int64), vectors)
@@ -386,10 +411,14 @@ class FaissMemory:
         self._check_open()
         return int(self._index.ntotal)
 
-    def ids(self) -> list[int]:
-        """Every stored id, ascending. Ids only grow, so a checkpoint can record the newest one."""
+    def ids(self, writer: str | None = None) -> list[int]:
+        """Every stored id, ascending; with `writer`, only the ids of the entries it wrote. Ids only
+        grow, so a checkpoint can record the newest one."""
         self._check_open()
-        return [int(i) for i in self._sqlite_ids()]
+        if writer is None:
+            return [int(i) for i in self._sqlite_ids()]
+        rows = self._db.execute("SELECT id FROM entries WHERE writer = ? ORDER BY id", (writer,))
+        return [int(row[0]) for row in rows]
 
     def _entries(self, ids: Iterable[int]) -> list[MemoryEntry]:
         ids = list(ids)

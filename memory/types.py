@@ -18,6 +18,7 @@ class MemoryEntry:
     reward: float  # outcome of the episode that wrote it; feeds the importance score
     created: float  # unix seconds
     last_used: float  # unix seconds; refreshed by search hits, feeds the recency score
+    writer: str = ""  # who wrote it (a run's folder); "" when untagged
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class Embedder(Protocol):
 
 @runtime_checkable
 class Memory(Protocol):
+    writer: str  # tags what this handle adds (a run's folder); "" for untagged writes
+
     def add(self, text: str, *, kind: str = "lesson", task: str = "", reward: float = 0.0) -> int: ...
 
     def search(self, query: str, k: int = 3) -> list[MemoryHit]: ...
@@ -48,7 +51,9 @@ class Memory(Protocol):
 
     def delete(self, ids: Sequence[int]) -> int: ...
 
-    def ids(self) -> list[int]: ...
+    def ids(self, writer: str | None = None) -> list[int]:
+        """Stored ids, ascending; with `writer`, only those of the entries it wrote."""
+        ...
 
     def refresh(self) -> int:
         """Catch up with entries another process committed (multi-process runs); returns how many."""

@@ -39,10 +39,11 @@ from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
 from training.backbone import Backbone
-from training.checkpoint import CheckpointError
+from training.checkpoint import CheckpointError, resolve_resume
 from training.distributed import Ranks
-from training.model_files import BackboneNotFound, ModelMismatch
+from training.model_files import BackboneNotFound, ModelMismatch, resolve_model_dir
 
+CONFIG_FILE = "config.yaml"  # a run folder's resolved config; its existence marks the folder as taken
 # Piped or captured output keeps whole table rows (a terminal's own width is used as it is).
 console = Console(width=None if Console().is_terminal else 160)
 transformers.utils.logging.disable_progress_bar()  # weight-loading bars would bury the episode output
@@ -66,17 +67,48 @@ overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  role
 """
 
 
-def start_run(cfg: Config, command: str) -> Path:
-    """The run folder, with the resolved config (each key with its comment) as config.yaml."""
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(f"# meta-agent {command}\n" + commented_yaml(cfg), encoding="utf-8")
-    return run_dir
+def start_run(
+    cfg: Config, overrides: list[str], command: str, *, resume: bool = False
+) -> tuple[Config, Path]:
+    """Check what a start needs, claim the run folder and write the resolved config (each key with its
+    comment) as config.yaml; returns the config the run goes on with and its folder.
+
+    Nothing is created or changed before the checks pass (a bad model.path leaves an existing run
+    folder as it was). A new run never shares a folder: when `run_dir` holds another run (two started in
+    the same second, or a run_dir given twice) this one gets `<run_dir>-2` (or -3, ...), said on the
+    console, and the config is composed again so that every `${run_dir}` (the memory path) follows. A
+    resumed run goes on in its own folder."""
+    if cfg.model.path is not None:
+        resolve_model_dir(cfg.model)  # a missing model folder stops here, before any file is written
+    run_dir = Path(cfg.run_dir) if resume else claim_folder(Path(cfg.run_dir))
+    if run_dir != Path(cfg.run_dir):
+        console.print(f"{cfg.run_dir} holds another run: this one writes to {run_dir}")
+        cfg = replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
+    write_config(cfg, run_dir, command)
+    return cfg, run_dir
+
+
+def claim_folder(wanted: Path, tries: int = 1000) -> Path:
+    """`wanted`, or the first `<wanted>-k` (k >= 2) that holds no run: claimed by creating its
+    config.yaml exclusively, so of two processes racing for one name only one gets it."""
+    for k in range(1, tries + 1):
+        folder = wanted if k == 1 else wanted.with_name(f"{wanted.name}-{k}")
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            (folder / CONFIG_FILE).open("x").close()
+            return folder
+        except FileExistsError:
+            continue
+    raise SettingError(f"run_dir={wanted}: {tries} runs of that name exist; pass another run_dir")
+
+
+def write_config(cfg: Config, run_dir: Path, command: str) -> None:
+    (run_dir / CONFIG_FILE).write_text(f"# meta-agent {command}\n" + commented_yaml(cfg), encoding="utf-8")
 
 
 def cmd_solve(question: str, overrides: list[str]) -> int:
-    cfg = load_config(overrides + [f"question={_quote(question)}"])
-    run_dir = start_run(cfg, "solve")
+    overrides = overrides + [f"question={_quote(question)}"]
+    cfg, run_dir = start_run(load_config(overrides), overrides, "solve")
     with console.status("loading the backbone"):
         system = build_system(cfg)
     task = Task(id="cli/0", question=question, answer="", source="cli")
@@ -93,8 +125,7 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
 
 
 def cmd_eval(overrides: list[str]) -> int:
-    cfg = load_config(overrides)
-    run_dir = start_run(cfg, "eval")
+    cfg, run_dir = start_run(load_config(overrides), overrides, "eval")
     tasks = {
         name: load_tasks(name, cfg.eval.split, limit=cfg.eval.limit, seed=cfg.seed) for name in cfg.eval.tasks
     }
@@ -146,8 +177,7 @@ def cmd_eval(overrides: list[str]) -> int:
 
 
 def cmd_probe(overrides: list[str]) -> int:
-    cfg = load_config(overrides)
-    run_dir = start_run(cfg, "probe")
+    cfg, run_dir = start_run(load_config(overrides), overrides, "probe")
     tasks = load_tasks(cfg.probe.task, cfg.probe.split, limit=cfg.probe.limit, seed=cfg.seed)
     # The mixed arm's adapters sit beside the roles' own in one backbone, loaded once.
     mixed = "mixed" in cfg.probe.arms and (cfg.probe.meta_thinker_from or cfg.probe.executors_from)
@@ -191,7 +221,7 @@ def cmd_demos(overrides: list[str]) -> int:
         raise SettingError(
             f"meta-agent demos generates demonstrations: sft.source={cfg.sft.source} must be one of {SOURCES}"
         )
-    run_dir = start_run(cfg, "demos")
+    cfg, run_dir = start_run(cfg, overrides, "demos")
     out = Path(cfg.demos_out) if cfg.demos_out else run_dir / "demos.jsonl"
     with console.status("loading the backbone"):
         system = build_system(cfg)
@@ -211,12 +241,17 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     if resume and not any(o.startswith("run_dir=") for o in overrides):
         # A resumed run goes on in its own folder: same memory, same checkpoints, same event files.
         overrides = [*overrides, f"run_dir={run_folder(Path(resume))}"]
+    if resume:
+        resolve_resume(resume)  # a typo stops here, before any folder exists
     cfg = load_config(overrides)
     cfg, ranks = join(cfg)  # one process, or this one's rank under `accelerate launch`
-    if ranks.size > 1:
-        cfg = replace(cfg, run_dir=ranks.broadcast(cfg.run_dir))  # one folder, named by rank 0's clock
+    if ranks.main:
+        cfg, run_dir = start_run(cfg, overrides, command, resume=bool(resume))
+    if ranks.size > 1:  # one folder, named by rank 0's clock and claimed by it
         console.quiet = not ranks.main
-    run_dir = start_run(cfg, command) if ranks.main else Path(cfg.run_dir)
+        run_dir = Path(ranks.broadcast(str(run_dir) if ranks.main else None))
+        if not ranks.main and run_dir != Path(cfg.run_dir):
+            cfg = replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
     final = train(cfg, run_dir, ranks)
     ranks.close()

@@ -77,12 +77,12 @@ def commit_lessons(
 
 
 def rollback_memory(memory: Memory | None, newest_id: int, ranks: Ranks, *, private: bool = False) -> None:
-    """Delete the entries newer than `newest_id` (the newest at a checkpoint): on resume, the lessons of
-    the steps that will be played again."""
+    """Delete this run's entries newer than `newest_id` (the newest at a checkpoint): on resume, the
+    lessons of the steps that will be played again. Entries other writers added to a shared memory stay."""
     if memory is None:
         return
     if ranks.main or private:
-        memory.delete([i for i in memory.ids() if i > newest_id])
+        memory.delete([i for i in memory.ids(writer=memory.writer) if i > newest_id])
     ranks.barrier()
     if not ranks.main and not private:
         memory.refresh()

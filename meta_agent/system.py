@@ -119,7 +119,9 @@ def build_system(
     roles = cfg.role_list
     # Checked before anything loads, so a wrong adapters= fails in a second.
     saved = adapters_folder(cfg.adapters, [r.name for r in roles]) if cfg.adapters else None
-    memory = open_memory(cfg.memory, SentenceEmbedder(), read_only=memory_read_only)
+    # Entries are tagged with the run's folder: a resume undoes its own writes, never another run's.
+    writer = str(Path(cfg.run_dir).resolve())
+    memory = open_memory(cfg.memory, SentenceEmbedder(), read_only=memory_read_only, writer=writer)
     if memory is None:
         # memory.enabled=false switches memory off everywhere, the memory_search tool included.
         roles = [replace(r, tools=tuple(t for t in r.tools if t != "memory_search")) for r in roles]

@@ -1,0 +1,73 @@
+"""Several writers, one memory folder: every entry is tagged with its writer, concurrent writers lose
+nothing and raise nothing after a commit, and a resume undoes only its own run's entries."""
+
+from __future__ import annotations
+
+import sqlite3
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from memory.embedders import HashingEmbedder
+from memory.store import SQLITE_FILE, FaissMemory
+from meta_agent.rank_protocol import rollback_memory
+from training.distributed import Ranks
+
+ADDS = 40
+
+
+def write_lessons(folder: str, writer: str) -> list[int]:
+    """One writing process: ADDS lessons, the index file written after every one (flush_every=1)."""
+    with FaissMemory(folder, HashingEmbedder(384), flush_every=1, writer=writer) as memory:
+        return [memory.add(f"lesson {k} of {writer}: check the units") for k in range(ADDS)]
+
+
+def test_two_processes_writing_one_folder_lose_nothing(tmp_path, hashing):
+    with ProcessPoolExecutor(2) as pool:
+        a, b = pool.map(write_lessons, [str(tmp_path)] * 2, ["run-a", "run-b"])
+    assert len(set(a) | set(b)) == 2 * ADDS  # every add returned, none raised
+    with FaissMemory(tmp_path, hashing) as memory:
+        assert memory.ids() == sorted(a + b) and len(memory) == 2 * ADDS  # all indexed on reopen
+        assert memory.ids(writer="run-a") == a and memory.ids(writer="run-b") == b
+        assert memory.get(b[0]).writer == "run-b"
+    assert not list(tmp_path.glob("*.tmp"))  # no temporary index file left behind
+
+
+def test_a_resume_undoes_only_its_own_runs_entries(tmp_path, hashing):
+    mine = FaissMemory(tmp_path, hashing, writer="runs/a")
+    other = FaissMemory(tmp_path, hashing, writer="runs/b")
+    kept = [mine.add("mine, before the checkpoint")]
+    newest_at_checkpoint = max(mine.ids())
+    replayed = [mine.add("mine, a step that will be played again")]
+    others = [other.add("another run's, after the checkpoint"), other.add("and one more")]
+    replayed.append(mine.add("mine, again"))
+    rollback_memory(mine, newest_at_checkpoint, Ranks())
+    assert mine.ids() == sorted(kept + others)  # the other writer's entries survive the resume
+    other.refresh()
+    assert other.ids() == sorted(kept + others) and len(other) == 3
+    mine.close()
+    other.close()
+
+
+def test_a_folder_from_before_writers_opens_and_keeps_its_entries(tmp_path, hashing):
+    db = sqlite3.connect(tmp_path / SQLITE_FILE)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, text TEXT NOT NULL, kind TEXT NOT NULL,"
+        " task TEXT NOT NULL, reward REAL NOT NULL, created REAL NOT NULL, last_used REAL NOT NULL,"
+        " vector BLOB NOT NULL);"
+    )
+    vector = hashing.embed(["an old lesson"])[0].astype("<f4").tobytes()
+    db.execute("INSERT INTO meta VALUES ('dim', '384'), ('embedder', 'hashing-384')")
+    db.execute(
+        "INSERT INTO entries (text, kind, task, reward, created, last_used, vector) VALUES (?,?,?,?,?,?,?)",
+        ("an old lesson", "lesson", "", 1.0, 0.0, 0.0, vector),
+    )
+    db.commit()
+    db.close()
+    with FaissMemory(tmp_path, hashing, writer="runs/new") as memory:
+        (hit,) = memory.search("an old lesson", k=1)
+        assert hit.entry.text == "an old lesson" and hit.entry.writer == ""
+        new = memory.add("a new lesson")
+        assert memory.ids(writer="runs/new") == [new] and memory.ids(writer="") == [hit.entry.id]
+    assert np.isclose(hit.relevance, 1.0, atol=1e-5)
