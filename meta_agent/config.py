@@ -47,7 +47,7 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
             cfg = compose(config_name=config_name, overrides=list(overrides or []))
         OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as err:  # a misspelt key, a value of the wrong type
-        raise SettingError(str(err)) from err
+        raise SettingError(setting_error_text(err)) from err
     for key, role in cfg.roles.items():
         if OmegaConf.is_missing(role, "name"):
             role.name = key
@@ -56,6 +56,18 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
                 f"roles.{key}.name={role.name}: a role is named by its key under roles:; drop name"
             )
     return cfg
+
+
+def setting_error_text(err: BaseException) -> str:
+    """Hydra's message, with what its cause says (the type a key wants) when it does not say it itself:
+    "Error merging override eval.limit=abc" alone names the key but not that it wants an int."""
+    text = str(err).strip()
+    cause = err.__cause__
+    if cause is not None:
+        detail = str(cause).strip().splitlines()[0]
+        if detail and detail not in text:
+            text = f"{text.splitlines()[0]}: {detail}"
+    return text
 
 
 def to_config(cfg: DictConfig) -> Config:

@@ -99,6 +99,7 @@ def test_solve_prints_the_episode(tiny_model_dir, tmp_path):
     [
         ("model.path=/no/such/model", "model.path=/no/such/model"),
         ("protocol.max_roundz=3", "max_roundz"),
+        ("eval.limit=abc", "eval.limit=abc: Value 'abc' of type 'str' could not be converted to Integer"),
         ("eval.tasks=[nosuchtask]", "known tasks"),
         ("roles.executor.tools=[calculator,shell]", "shell"),
     ],
