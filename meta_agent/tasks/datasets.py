@@ -65,10 +65,19 @@ def load_tasks(
     path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
     to_task = _ROW_READERS[name]
     tasks = []
-    for index, row in enumerate(_read_jsonl(path, f"{name}/{split}")):
+    for index, (line_no, row) in enumerate(_read_jsonl(path, f"{name}/{split}")):
         if limit is not None and index >= limit:
             break
-        tasks.append(to_task(row, f"{name}/{split}/{index}", name))
+        if not isinstance(row, dict):
+            raise BadData(
+                f"{path}:{line_no}: a row must be a JSON object with the task's fields, not {row!r:.60}"
+            )
+        try:
+            tasks.append(to_task(row, f"{name}/{split}/{index}", name))
+        except BadData as err:
+            raise BadData(f"{path}:{line_no}: {err}") from None
+    if not tasks and limit != 0:
+        raise BadData(f"{path} holds no rows: {name}/{split} has nothing to evaluate or train on")
     return tasks
 
 
@@ -93,7 +102,7 @@ def _read_jsonl(path: Path, what: str):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield line_no, json.loads(line)
             except json.JSONDecodeError as e:
                 raise BadData(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
 
@@ -101,15 +110,24 @@ def _read_jsonl(path: Path, what: str):
 def _field(row: dict[str, Any], key: str, task_id: str) -> Any:
     if key not in row:
         raise BadData(f"{task_id}: row has no {key!r} field (fields: {sorted(row)})")
+    if row[key] is None or (isinstance(row[key], str) and not row[key].strip()):
+        raise BadData(f"{task_id}: field {key!r} is empty")
     return row[key]
 
 
+def _text(row: dict[str, Any], key: str, task_id: str) -> str:
+    value = _field(row, key, task_id)
+    if not isinstance(value, str):
+        raise BadData(f"{task_id}: field {key!r} must be text, not {type(value).__name__} {value!r:.40}")
+    return value
+
+
 def _gsm8k(row: dict[str, Any], task_id: str, source: str) -> Task:
-    solution = _field(row, "answer", task_id)
+    solution = _text(row, "answer", task_id)
     answer = extract_gsm8k_answer(solution)
     if answer is None:
         raise BadData(f"{task_id}: answer has no '#### <number>' line: {solution[-80:]!r}")
-    return Task(task_id, _field(row, "question", task_id), answer, source, {"solution": solution})
+    return Task(task_id, _text(row, "question", task_id), answer, source, {"solution": solution})
 
 
 def _math500(row: dict[str, Any], task_id: str, source: str) -> Task:
@@ -120,7 +138,7 @@ def _math500(row: dict[str, Any], task_id: str, source: str) -> Task:
         "unique_id": row.get("unique_id", ""),
     }
     answer = normalize_gold(_field(row, "answer", task_id))
-    return Task(task_id, _field(row, "problem", task_id), answer, source, meta)
+    return Task(task_id, _text(row, "problem", task_id), answer, source, meta)
 
 
 def _competition(row: dict[str, Any], task_id: str, source: str) -> Task:
@@ -129,7 +147,7 @@ def _competition(row: dict[str, Any], task_id: str, source: str) -> Task:
     if "solution" in row:
         meta["solution"] = row["solution"]
     answer = normalize_gold(_field(row, "answer", task_id))
-    return Task(task_id, _field(row, "problem", task_id), answer, source, meta)
+    return Task(task_id, _text(row, "problem", task_id), answer, source, meta)
 
 
 _ROW_READERS: dict[str, Callable[[dict[str, Any], str, str], Task]] = {

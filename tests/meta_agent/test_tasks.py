@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from meta_agent.errors import BadData
 from meta_agent.tasks import KNOWN_TASKS, Task, grade, load_tasks, make_arith_tasks
 from meta_agent.tasks.arith import canonical_key, op_patterns, split_of
 from meta_agent.tasks.datasets import DATA_ENV, REPO_DATA_DIR
@@ -193,3 +194,22 @@ def test_arith_rejects_bad_arguments() -> None:
     assert make_arith_tasks("train", 0) == []
     assert {len(p) for p in op_patterns(2)} == {1}
     assert KNOWN_TASKS["arith"] == ("train", "test")
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ("7\n", "test.jsonl:1: a row must be a JSON object"),
+        ('{"question": null, "answer": "#### 3"}\n', "test.jsonl:1: gsm8k/test/0: field 'question' is empty"),
+        ('{"question": "q", "answer": "#### 3"}\n{"question": 4, "answer": "#### 3"}\n', "test.jsonl:2:"),
+        ('{"question": "q", "answer": 5}\n', "field 'answer' must be text, not int 5"),
+        ('{"question": "q"}\n', "row has no 'answer' field"),
+        ('{"question": "q", "answer": "#### 3"\n', "test.jsonl:1: not valid JSON"),
+        ("\n\n", "holds no rows: gsm8k/test has nothing to evaluate or train on"),
+    ],
+)
+def test_a_malformed_task_file_is_one_clear_error_naming_file_and_line(tmp_path, rows, message) -> None:
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(rows, encoding="utf-8")
+    with pytest.raises(BadData, match=re.escape(message)):
+        load_tasks("gsm8k", "test", data_dir=tmp_path)
