@@ -13,6 +13,7 @@ and its traces (JSON lines) into `run_dir`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, replace
@@ -107,12 +108,22 @@ def write_config(cfg: Config, run_dir: Path, command: str) -> None:
 
 
 def cmd_solve(question: str, overrides: list[str]) -> int:
+    if not question.strip():
+        raise SettingError('meta-agent solve got an empty question: meta-agent solve "What is 12*34?"')
     overrides = overrides + [f"question={_quote(question)}"]
     cfg, run_dir = start_run(load_config(overrides), overrides, "solve")
+    if cfg.adapters is None:
+        console.print(
+            "[yellow]no adapters= given: the roles are untrained (fresh LoRA adapters on the base model).[/yellow] "
+            "Train them with `make run`, then pass the run with the settings it was trained with, e.g. "
+            f'meta-agent solve "..." experiment=arith_hierarchy adapters={newest_run_hint(run_dir.parent)}',
+            highlight=False,
+        )
     with console.status("loading the backbone"):
         system = build_system(cfg)
     task = Task(id="cli/0", question=question, answer="", source="cli")
     episode = system.factory.new(task)
+    check_fits(len(episode.request().prompt_ids), cfg.protocol.max_new_tokens, context_length(system))
     with console.status("thinking"):
         play([episode], system.backend, seed=cfg.seed)
     commit_lessons(system.memory, system.factory.lessons([episode]), Ranks())
@@ -122,6 +133,34 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     console.print(f"\n[bold]answer:[/bold] {episode.final_answer}")
     console.print(f"trace: {run_dir / 'traces.jsonl'}")
     return 0
+
+
+def newest_run_hint(runs: Path) -> str:
+    """The newest run folder under `runs` that holds checkpoints, or a placeholder naming the pattern."""
+    found = sorted(runs.glob("*/checkpoints"), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
+    return str(found[-1].parent) if found else f"{runs}/<run>"
+
+
+def context_length(system) -> int | None:
+    config = getattr(system.backbone.model, "config", None)
+    return getattr(config, "max_position_embeddings", None)
+
+
+def check_fits(prompt_tokens: int, budget: int, context: int | None) -> None:
+    """Refuse a prompt the model cannot read whole; warn when its answer may be cut short."""
+    if context is None:
+        return
+    if prompt_tokens >= context:
+        raise SettingError(
+            f"the question makes a {prompt_tokens}-token prompt, longer than the model's {context}-token context: "
+            "shorten it"
+        )
+    if prompt_tokens + budget > context:
+        console.print(
+            f"[yellow]the prompt ({prompt_tokens} tokens) and protocol.max_new_tokens={budget} exceed the "
+            f"model's {context}-token context: the episode may be cut short[/yellow]",
+            highlight=False,
+        )
 
 
 def cmd_eval(overrides: list[str]) -> int:
@@ -279,6 +318,9 @@ def _quote(text: str) -> str:
     return f"'{escaped}'"
 
 
+# `key=value` as Hydra reads it (a dotted key, no spaces before "="): "If 3x = 12, what is x?" is a question.
+OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
+
 # The user's mistakes: a bad key or value, a missing model, file or checkpoint, malformed data.
 USER_ERRORS = (UserError, BackboneNotFound, ModelMismatch, CheckpointError)
 
@@ -298,7 +340,7 @@ def _dispatch(args: list[str]) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command == "solve":
-        if not rest or "=" in rest[0]:
+        if not rest or OVERRIDE.match(rest[0]):
             print(
                 'meta-agent solve needs the question first: meta-agent solve "What is 12*34?" [key=value ...]'
             )

@@ -176,3 +176,39 @@ def test_real_backbone_solve_single_agent(tmp_path):
     assert proc.returncode == 0, proc.stderr + proc.stdout
     trace = read_traces(tmp_path / "run")[0]
     assert trace["turns"][0]["role"] == "executor" and trace["turns"][0]["text"].strip()
+
+
+SOLVE_FAST = ["roles.meta_thinker.sampling.max_new_tokens=8", "roles.executor.sampling.max_new_tokens=8"]
+
+
+def test_solve_takes_any_question_and_says_the_roles_are_untrained(tiny_model_dir, tmp_path, capsys):
+    question = "If 3x = 12, what is x?"  # an "=" inside a question is not an override
+    args = [
+        f"model.path={tiny_model_dir}",
+        *SOLVE_FAST,
+        "memory.enabled=false",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    assert main(["solve", question, *args]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no adapters= given: the roles are untrained" in out and "adapters=" in out
+    assert read_traces(tmp_path / "run")[0]["question"] == question
+
+
+@pytest.mark.parametrize(
+    ("question", "message"),
+    [
+        ("   ", "empty question"),
+        ("model.path=/x", "needs the question first"),
+        ("word " * 3000, "longer than the model's 2048-token context"),
+    ],
+)
+def test_solve_refuses_what_it_cannot_answer(tiny_model_dir, tmp_path, capsys, question, message):
+    args = [
+        f"model.path={tiny_model_dir}",
+        *SOLVE_FAST,
+        "memory.enabled=false",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    assert main(["solve", question, *args]) == 2
+    assert message in " ".join(capsys.readouterr().out.split())
