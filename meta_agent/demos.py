@@ -239,8 +239,11 @@ def demo_path(source: str) -> Path | None:
     return path if source.endswith(".jsonl") or path.is_file() else None
 
 
-def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[Turn]:
-    """The Turns written by write_demos, each role one of `roles` when given.
+def read_demos(
+    path: Path | str, roles: Collection[str] | None = None, vocab_size: int | None = None
+) -> list[Turn]:
+    """The Turns written by write_demos, each role one of `roles` and each token id below `vocab_size`
+    when given.
 
     Raises FileNotFoundError for a missing file, ValueError naming the path (and line) for an empty
     file, a line that is not a turn, or a role outside `roles`.
@@ -255,7 +258,7 @@ def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[T
     with path.open(encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                turns.append(_read_turn(line, f"{path}:{line_no}", roles))
+                turns.append(_read_turn(line, f"{path}:{line_no}", roles, vocab_size))
     if not turns:
         raise BadData(
             f"demonstration file {path} is empty: write demonstrations into it with `meta-agent demos`"
@@ -263,7 +266,7 @@ def read_demos(path: Path | str, roles: Collection[str] | None = None) -> list[T
     return turns
 
 
-def _read_turn(line: str, where: str, roles: Collection[str] | None) -> Turn:
+def _read_turn(line: str, where: str, roles: Collection[str] | None, vocab_size: int | None) -> Turn:
     try:
         row = json.loads(line)
         turn = Turn(
@@ -283,6 +286,13 @@ def _read_turn(line: str, where: str, roles: Collection[str] | None) -> Turn:
         ) from e
     if not len(turn.completion_ids) == len(turn.loss_mask) == len(turn.logprobs):
         raise BadData(f"{where}: completion_ids, loss_mask and logprobs differ in length")
+    ids = turn.prompt_ids + turn.completion_ids
+    if vocab_size is not None and ids and not 0 <= min(ids) <= max(ids) < vocab_size:
+        bad = next(i for i in ids if not 0 <= i < vocab_size)
+        raise BadData(
+            f"{where}: token id {bad} is outside this model's vocabulary (0..{vocab_size - 1}): the file was "
+            "written for another tokenizer; write it again with `meta-agent demos` and this model"
+        )
     if roles is not None and turn.role not in roles:
         raise BadData(
             f"{where}: role {turn.role!r} is not a configured role ({', '.join(roles)}): write the "

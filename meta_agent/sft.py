@@ -37,7 +37,8 @@ def sft_turns(cfg: Config, system: System) -> list[Turn]:
     `sft.examples` episodes generated from a task's train split."""
     path = demo_path(cfg.sft.source)
     if path is not None:
-        turns = read_demos(path, roles=[r.name for r in system.roles])
+        vocab = len(system.chat.tokenizer)
+        turns = read_demos(path, roles=[r.name for r in system.roles], vocab_size=vocab)
         console.print(f"sft: {len(turns)} demonstration turns from {path}")
         return turns
     return training_turns(generate_demos(cfg, system))

@@ -88,8 +88,12 @@ def demo_line(role: str = "executor") -> str:
             demo_line() + demo_line("solver"),
             "role 'solver' is not a configured role (meta_thinker, executor)",
         ),
+        (
+            demo_line().replace("[3, 4]", "[3, 10000000]", 1),
+            "demos.jsonl:1: token id 10000000 is outside this model's vocabulary",
+        ),
     ],
-    ids=["missing", "empty", "malformed", "unknown-role"],
+    ids=["missing", "empty", "malformed", "unknown-role", "token-out-of-range"],
 )
 def test_a_bad_demos_file_is_one_clear_error_at_start_up(
     content,
