@@ -81,7 +81,11 @@ def start_run(
     resumed run goes on in its own folder."""
     if cfg.model.path is not None:
         resolve_model_dir(cfg.model)  # a missing model folder stops here, before any file is written
-    run_dir = Path(cfg.run_dir) if resume else claim_folder(Path(cfg.run_dir))
+    if resume:  # its own folder, or the run_dir= it was asked to go on in (a copy, say)
+        run_dir = Path(cfg.run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = claim_folder(Path(cfg.run_dir))
     if run_dir != Path(cfg.run_dir):
         console.print(f"{cfg.run_dir} holds another run: this one writes to {run_dir}")
         cfg = replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
