@@ -98,8 +98,9 @@ def load_saved_adapters(backbone: Backbone, folder: Path, slots: Mapping[str, st
         backbone.load_adapters(folder, slots)
     except RuntimeError as err:  # size mismatch: saved with another rank or other target modules
         raise SettingError(
-            f"the adapters in {folder} do not fit the configured ones ({err}): use the roles.<role>.adapter "
-            "settings (r, target_modules) of the run that saved them"
+            f"the adapters in {folder} do not fit the configured ones ({err}): pass the experiment= the run "
+            "was trained with (e.g. experiment=arith_hierarchy), or its roles.<role>.adapter settings (r, "
+            "target_modules, top_layers)"
         ) from err
 
 
