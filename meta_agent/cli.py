@@ -88,9 +88,15 @@ def start_run(
         run_dir = claim_folder(Path(cfg.run_dir))
     if run_dir != Path(cfg.run_dir):
         console.print(f"{cfg.run_dir} holds another run: this one writes to {run_dir}")
-        cfg = replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
+        cfg = in_folder(cfg, overrides, run_dir)
     write_config(cfg, run_dir, command)
     return cfg, run_dir
+
+
+def in_folder(cfg: Config, overrides: list[str], run_dir: Path) -> Config:
+    """`cfg` composed again with `run_dir`, so that every `${run_dir}` follows; its model settings (the
+    device a rank was given) kept."""
+    return replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
 
 
 def claim_folder(wanted: Path, tries: int = 1000) -> Path:
@@ -294,7 +300,7 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         console.quiet = not ranks.main
         run_dir = Path(ranks.broadcast(str(run_dir) if ranks.main else None))
         if not ranks.main and run_dir != Path(cfg.run_dir):
-            cfg = replace(load_config([*overrides, f"run_dir={run_dir}"]), model=cfg.model)
+            cfg = in_folder(cfg, overrides, run_dir)
     console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
     final = train(cfg, run_dir, ranks)
     ranks.close()
