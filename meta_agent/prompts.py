@@ -8,6 +8,7 @@ special token) is quoted by `neutralise` before anyone reads it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,13 @@ class Markers:
 
     anywhere: tuple[str, ...]
     line_start: tuple[str, ...]
+
+    @functools.cached_property
+    def line_pattern(self) -> re.Pattern[str] | None:
+        """The `line_start` headers as one pattern, compiled once per episode rather than per segment."""
+        if not self.line_start:
+            return None
+        return re.compile(r"(?m)^([ \t]*)(" + "|".join(map(re.escape, self.line_start)) + ")")
 
 
 def environment_markers(
@@ -60,9 +68,8 @@ def neutralise(text: str, markers: Markers) -> tuple[str, int]:
         if found:
             text = text.replace(marker, marker.translate(_QUOTED))
             count += found
-    if markers.line_start:
-        pattern = re.compile(r"(?m)^([ \t]*)(" + "|".join(map(re.escape, markers.line_start)) + ")")
-        text, found = pattern.subn(r"\1> \2", text)
+    if markers.line_pattern is not None:
+        text, found = markers.line_pattern.subn(r"\1> \2", text)
         count += found
     return text, count
 
