@@ -14,7 +14,7 @@ from meta_agent.errors import MissingFile, SettingError
 from meta_agent.runner import EpisodeFactory
 from meta_agent.settings import Config, RoleConfig
 from meta_agent.tasks import grade
-from tools import default_registry
+from tools import TOOL_NAMES, PythonSandbox, SandboxUnavailable, default_registry
 from tools.registry import ToolRegistry
 from training.backbone import ADAPTER_WEIGHTS, Backbone
 from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
@@ -104,6 +104,39 @@ def load_saved_adapters(backbone: Backbone, folder: Path, slots: Mapping[str, st
         ) from err
 
 
+_SANDBOXES_CHECKED: set[str] = set()
+WEAKER_LEVEL = {
+    "landlock": (
+        "the python tool runs without namespaces (tools.sandbox.isolation=landlock): Landlock and seccomp "
+        "keep files, network and signals in; the code can tell whether a host pid exists (README "
+        "'Safety and failure')"
+    ),
+}
+
+
+def check_tools(cfg: Config) -> str | None:
+    """At start-up, before anything is written: every role's tools exist, and where a role uses the
+    python tool its isolation level can be had here (else one SettingError saying why and what to do).
+    Returns the line to print when a weaker level than the default was chosen. The sandbox is checked
+    once per setting in a process."""
+    for role in cfg.role_list:
+        unknown = [t for t in role.tools if t not in TOOL_NAMES]
+        if unknown:
+            raise SettingError(
+                f"roles.{role.name}.tools names {unknown}, not registered; known: {', '.join(TOOL_NAMES)}"
+            )
+    if not any("python" in role.tools for role in cfg.role_list):
+        return None
+    limits = cfg.tools.sandbox
+    if repr(limits) not in _SANDBOXES_CHECKED:
+        try:
+            PythonSandbox(limits).check()
+        except SandboxUnavailable as err:
+            raise SettingError(str(err)) from err
+        _SANDBOXES_CHECKED.add(repr(limits))
+    return WEAKER_LEVEL.get(limits.isolation)
+
+
 def build_system(
     cfg: Config,
     backbone: Backbone | None = None,
@@ -120,6 +153,7 @@ def build_system(
     roles = cfg.role_list
     # Checked before anything loads, so a wrong adapters= fails in a second.
     saved = adapters_folder(cfg.adapters, [r.name for r in roles]) if cfg.adapters else None
+    check_tools(cfg)
     # Entries are tagged with the run's folder: a resume undoes its own writes, never another run's.
     writer = str(Path(cfg.run_dir).resolve())
     memory = open_memory(cfg.memory, SentenceEmbedder(), read_only=memory_read_only, writer=writer)

@@ -10,7 +10,7 @@ from tools.calculator import Calculator
 from tools.conformance import check_tool
 from tools.memory_search import MEMORY_SEARCH_K, MemorySearch
 from tools.registry import ToolRegistry, parse_tool_call
-from tools.sandbox import PythonSandbox, SandboxLimits
+from tools.sandbox import PythonSandbox, SandboxLimits, SandboxUnavailable
 from tools.types import BAD_CALL, FAILED, MEMORY_EXCEEDED, TIMEOUT, Tool, ToolResult
 
 TOOL_NAMES = ("calculator", "python", "memory_search")
@@ -63,6 +63,7 @@ __all__ = [
     "MemorySearch",
     "PythonSandbox",
     "SandboxLimits",
+    "SandboxUnavailable",
     "Tool",
     "ToolRegistry",
     "ToolResult",

@@ -1,11 +1,14 @@
-"""Python sandbox tool: runs the model's program in a fresh, limited subprocess.
+"""Python sandbox tool: runs the model's program in a fresh, isolated, limited subprocess.
 
     PythonSandbox()({"code": "print(6 * 7)"})  ->  ToolResult(ok=True, output="42\\n")
 
-The child hardens itself before running the program (limits, namespaces, privilege drop, python
-guards; see tools/sandbox_child.py). This side does what a child cannot do for itself: a wall-clock
-limit, killing the whole process group, a cap on the output it reads, a clean environment, stdin
-closed, and a scratch folder that is removed afterwards.
+`tools.sandbox.isolation` names how (tools/sandbox_child.py has the layers of each level):
+`namespaces` (the default) or `landlock` (no namespaces needed; chosen explicitly). The sandbox never
+runs weaker than that: `check()` raises SandboxUnavailable at start-up when the level cannot be had,
+and a call that cannot isolate refuses to run the code. The child supervises the program (deadline,
+every descendant killed and reaped); this side adds what the child cannot do for itself: a backstop
+kill, a cap on the output it reads, a clean environment, stdin closed, and a scratch folder that is
+removed afterwards.
 """
 
 from __future__ import annotations
@@ -28,19 +31,35 @@ from tools.arguments import bad_call, string_argument
 from tools.types import FAILED, MEMORY_EXCEEDED, TIMEOUT, ToolResult
 
 CHILD_SCRIPT = Path(__file__).with_name("sandbox_child.py")
+ISOLATION_LEVELS = ("namespaces", "landlock")
 # Output past this is a flood: the program is stopped. Below it a chatty program may finish; the
 # agent still sees at most max_output_chars of it.
 FLOOD_BYTES = 1 << 20
-DRAIN_AFTER_EXIT_S = 0.5  # how long output may still arrive once the program has exited
+# How long past the deadline the supervisor may take to stop everything before it is killed itself.
+BACKSTOP_S = 5.0
 MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+ADVICE = {
+    "namespaces": (
+        "allow namespaces (as root, or user namespaces for others: sysctl user.max_user_namespaces > 0; "
+        "in a container, a seccomp profile that permits unshare), or choose tools.sandbox.isolation="
+        "landlock (no namespaces; see README 'Safety and failure' for what it keeps)"
+    ),
+    "landlock": (
+        "Landlock needs Linux 5.13 or newer with landlock among the enabled LSMs (and a container profile "
+        "that permits its syscalls); choose tools.sandbox.isolation=namespaces where namespaces are "
+        "allowed, or take `python` out of the roles' tools"
+    ),
+}
+
+
+class SandboxUnavailable(RuntimeError):
+    """The chosen isolation level cannot be had on this machine; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
 class _Run:
     output: bytes
-    returncode: int  # negative: killed by that signal
-    cpu_s: float  # user + system time of the program and everything it waited for
-    wall_timeout: bool
+    status: str  # the supervisor's line: "exit CODE CPU_S", "timeout", "isolation REASON" or ""
     flooded: bool
 
 
@@ -48,19 +67,24 @@ class _Run:
 class SandboxLimits:
     """What one run of the python tool may use (`tools.sandbox`)."""
 
-    timeout_s: float = 5.0  # wall clock; the whole process group is killed after it
+    isolation: str = "namespaces"  # namespaces | landlock; never weaker than named (see README)
+    timeout_s: float = 5.0  # wall clock; the program and every descendant are stopped after it
     cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU)
     memory_mb: int = 256  # address space per process (RLIMIT_AS)
     max_output_chars: int = 2000  # what the agent sees of the output; head and tail are kept
     max_file_mb: int = 8  # size of one written file (RLIMIT_FSIZE), and of the private /dev/shm
-    max_scratch_mb: int = 64  # all files in the scratch folder together (needs the mount namespace)
+    max_scratch_mb: int = 64  # all files in the scratch folder together (namespaces level)
     max_code_chars: int = 20_000  # longest program accepted (it travels as one argv entry)
-    max_processes: int = 64  # RLIMIT_NPROC where root runs the program as `nobody`; shared by all sandboxes
+    max_processes: int = 64  # processes the program may have at once (RLIMIT_NPROC)
     max_open_files: int = 64  # RLIMIT_NOFILE
 
     def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"tools.sandbox.isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {self.isolation!r}"
+            )
         for setting, value in vars(self).items():
-            if value <= 0:
+            if setting != "isolation" and value <= 0:
                 raise ValueError(f"tools.sandbox.{setting} must be positive, got {value}")
         if self.max_code_chars > 30_000:  # the code travels as one argv entry: 128 KiB at most
             raise ValueError(f"tools.sandbox.max_code_chars must be at most 30000, got {self.max_code_chars}")
@@ -84,6 +108,26 @@ class PythonSandbox:
         )
         object.__setattr__(self, "description", description)
 
+    def check(self) -> None:
+        """Runs one tiny program at the chosen level; SandboxUnavailable (one line: why, what to do) if
+        the level cannot be had here. Meant for start-up, before anything is written."""
+        scratch = tempfile.mkdtemp(prefix="sandbox-")
+        try:
+            run = self._run("print(1)", scratch)
+        finally:
+            _remove_tree(scratch)
+        level = self.limits.isolation
+        if run.status.startswith("isolation "):
+            reason = run.status.removeprefix("isolation ")
+            raise SandboxUnavailable(
+                f"tools.sandbox.isolation={level} is not available here ({reason}): {ADVICE[level]}"
+            )
+        if run.status != "exit 0" and not run.status.startswith("exit 0 ") or run.output != b"1\n":
+            raise SandboxUnavailable(
+                f"tools.sandbox.isolation={level}: a test program failed ({run.status or 'no status'}: "
+                f"{run.output.decode(errors='replace')[-300:]!r})"
+            )
+
     def __call__(self, arguments: Mapping[str, Any]) -> ToolResult:
         code = string_argument(arguments, "code", tool=self.name, max_chars=self.limits.max_code_chars)
         if isinstance(code, ToolResult):
@@ -99,6 +143,7 @@ class PythonSandbox:
 
     def _run(self, code: str, scratch: str) -> _Run:
         limits = {
+            "timeout_ms": int(self.limits.timeout_s * 1000),
             "cpu_s": self.limits.cpu_s,
             "memory_bytes": self.limits.memory_mb << 20,
             "file_bytes": self.limits.max_file_mb << 20,
@@ -107,41 +152,55 @@ class PythonSandbox:
             "max_processes": self.limits.max_processes,
         }
         limit_text = ",".join(f"{key}={value}" for key, value in limits.items())
+        status_read, status_write = os.pipe()
         # -I: no environment variables, no user site, script folder not on sys.path; -S: no
         # site-packages (standard library only, and a faster start); -u: stdout and stderr share one
         # pipe unbuffered, so a traceback lands after the prints that preceded it.
-        argv = [sys.executable, "-I", "-S", "-u", "-B", str(CHILD_SCRIPT), scratch, limit_text, code]
+        argv = [sys.executable, "-I", "-S", "-u", "-B", str(CHILD_SCRIPT), self.limits.isolation, scratch,
+                limit_text, str(status_write), code]  # fmt: skip
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch, "TMPDIR": scratch}
-        deadline = time.monotonic() + self.limits.timeout_s
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=scratch,
-            env=env,
-            start_new_session=True,  # own process group: one killpg reaches every descendant
-        )
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                cwd=scratch,
+                env=env,
+                pass_fds=(status_write,),
+                start_new_session=True,  # the supervisor's own group, for the backstop kill
+            )
+        finally:
+            os.close(status_write)
         assert proc.stdout is not None
         try:
-            output, flooded, wall_timeout = _collect(proc, deadline)
+            output, flooded = _collect(proc, time.monotonic() + self.limits.timeout_s + BACKSTOP_S)
         finally:
-            _kill_group(proc.pid)  # before reaping, so the group id cannot belong to anyone else
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
+            _kill_group(proc.pid)  # only a supervisor past its backstop is still there
+            os.waitpid(proc.pid, 0)
+            proc.returncode = 0  # reaped here; keeps Popen from waiting again
             proc.stdout.close()
-        return _Run(output, proc.returncode, usage.ru_utime + usage.ru_stime, wall_timeout, flooded)
+            with os.fdopen(status_read, "rb") as status:
+                line = status.readline().decode(errors="replace").strip()
+        return _Run(output, line, flooded)
 
     def _result(self, run: _Run) -> ToolResult:
         text = run.output.decode("utf-8", errors="replace")
-        rc = run.returncode
+        status = run.status
         if run.flooded:
             note = f"[stopped: the program printed more than {FLOOD_BYTES >> 20} MiB]"
             return self._finish(text, note, FAILED, force_truncated=True)
-        if run.wall_timeout:
+        if status == "timeout":
             note = f"[timed out: still running after {self.limits.timeout_s:g} s, stopped]"
             return self._finish(text, note, TIMEOUT)
-        if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and run.cpu_s >= self.limits.cpu_s):
+        if status.startswith("isolation "):
+            note = f"[sandbox: cannot isolate at level {self.limits.isolation} ({status[10:]}); not run]"
+            return self._finish("", note, FAILED)
+        if not status.startswith("exit "):
+            return self._finish(text, "[sandbox: the supervisor ended without a result]", FAILED)
+        _, code, cpu = status.split()
+        rc, cpu_s = int(code), float(cpu)
+        if rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu_s >= self.limits.cpu_s):
             return self._finish(
                 text, f"[timed out: used {self.limits.cpu_s} s of CPU time, stopped]", TIMEOUT
             )
@@ -165,46 +224,29 @@ class PythonSandbox:
         return ToolResult(ok=error is None, output=shown, error=error, truncated=truncated or force_truncated)
 
 
-def _collect(proc: subprocess.Popen[bytes], deadline: float) -> tuple[bytes, bool, bool]:
-    """Reads the merged output until EOF, a flood or the deadline: (output, flooded, timed out)."""
+def _collect(proc: subprocess.Popen[bytes], backstop: float) -> tuple[bytes, bool]:
+    """Reads the merged output until EOF (the supervisor has ended, and everything it stopped) or the
+    backstop: (output, flooded). A flood asks the supervisor to stop the program (SIGTERM)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     output = bytearray()
-    leader_done = False
-    drain_until = deadline
+    flooded = False
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while True:
-            now = time.monotonic()
-            if now >= deadline:
-                return bytes(output), False, True
-            if not leader_done and _exited(proc.pid):
-                # A grandchild may hold the pipe open long after the program ended: end it now
-                # rather than wait for EOF.
-                leader_done = True
-                _kill_group(proc.pid)
-                drain_until = now + DRAIN_AFTER_EXIT_S
-            if leader_done and now >= drain_until:
-                # Still open: a descendant that left the group (possible only without a PID
-                # namespace) holds it. The program itself is done, so its result stands.
-                return bytes(output), False, False
-            if selector.select(min(deadline - now, 0.05)):
+            left = backstop - time.monotonic()
+            if left <= 0:
+                return bytes(output), flooded
+            if selector.select(min(left, 0.5)):
                 data = os.read(fd, 1 << 16)
                 if not data:
-                    break
-                output += data
-                if len(output) > FLOOD_BYTES:
-                    return bytes(output), True, False
-    while not _exited(proc.pid):  # EOF, but the program may have closed its output and run on
-        if time.monotonic() >= deadline:
-            return bytes(output), False, True
-        time.sleep(0.002)
-    return bytes(output), False, False
-
-
-def _exited(pid: int) -> bool:
-    """Whether the process ended, without reaping it (its pid keeps reserving the group id)."""
-    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+                    return bytes(output), flooded
+                if not flooded:
+                    output += data
+                    if len(output) > FLOOD_BYTES:
+                        flooded = True
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(proc.pid, signal.SIGTERM)
 
 
 def _kill_group(pgid: int) -> None:
