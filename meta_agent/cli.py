@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from meta_agent.config import commented_yaml, compose_config, load_config
+from meta_agent.config import commented_yaml, compose_config, config_of_run, load_config
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
@@ -34,13 +34,13 @@ from meta_agent.report import write_report
 from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import generate_demos
-from meta_agent.system import build_system
+from meta_agent.system import build_system, check_tools
 from meta_agent.tables import accuracy_table, reflection_table, seed_table
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
 from training.backbone import Backbone
-from training.checkpoint import CheckpointError, resolve_resume
+from training.checkpoint import CHECKPOINTS_DIR, CheckpointError, latest_checkpoint, resolve_resume
 from training.distributed import Ranks
 from training.model_files import BackboneNotFound, ModelMismatch, resolve_model_dir
 
@@ -81,6 +81,9 @@ def start_run(
     resumed run goes on in its own folder."""
     if cfg.model.path is not None:
         resolve_model_dir(cfg.model)  # a missing model folder stops here, before any file is written
+    weaker = check_tools(cfg)  # so does an unknown tool, or a sandbox level this machine cannot give
+    if weaker:
+        console.print(f"[yellow]note:[/yellow] {weaker}")
     if resume:  # its own folder, or the run_dir= it was asked to go on in (a copy, say)
         run_dir = Path(cfg.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,16 +120,47 @@ def write_config(cfg: Config, run_dir: Path, command: str) -> None:
     (run_dir / CONFIG_FILE).write_text(f"# meta-agent {command}\n" + commented_yaml(cfg), encoding="utf-8")
 
 
+# A degenerate loop ends a segment once it fills this many tokens (a sentence of up to 16 tokens said 4
+# times): an untrained or confused role answers in seconds instead of filling its whole budget.
+SOLVE_REPETITION_STOP = 64
+# Untrained roles rarely loop exactly (they sample) and never stop early: a whole-episode budget that
+# answers in about a minute on a 2-core float32 CPU (measured about 7 tokens/s there, after a 15 s start).
+SOLVE_UNTRAINED_BUDGET = 256
+
+
 def cmd_solve(question: str, overrides: list[str]) -> int:
     if not question.strip():
         raise SettingError('meta-agent solve got an empty question: meta-agent solve "What is 12*34?"')
     overrides = overrides + [f"question={_quote(question)}"]
-    cfg, run_dir = start_run(load_config(overrides), overrides, "solve")
-    if cfg.adapters is None:
+    cfg = load_config(overrides)
+    trained = None
+    if not any(o.split("=", 1)[0] == "adapters" for o in overrides):
+        trained = newest_trained_run(Path(cfg.run_dir).parent)
+    if trained is not None:
+        # Its adapters with the settings it was trained with (adapter shapes, prompts, protocol).
+        cfg = config_of_run(
+            trained / CONFIG_FILE, overrides, own=("run_dir", "question", "seed", "memory.path")
+        )
+        cfg = replace(cfg, adapters=str(trained))
+    cfg = with_repetition_stop(cfg, overrides)
+    budget = ""
+    if cfg.adapters is None and not any(o.startswith("protocol.max_new_tokens=") for o in overrides):
+        cfg = replace(cfg, protocol=replace(cfg.protocol, max_new_tokens=SOLVE_UNTRAINED_BUDGET))
+        budget = f" This solve stops after {SOLVE_UNTRAINED_BUDGET} generated tokens (protocol.max_new_tokens=N for more)."
+    cfg, run_dir = start_run(cfg, overrides, "solve")
+    if trained is not None:
         console.print(
-            "[yellow]no adapters= given: the roles are untrained (fresh LoRA adapters on the base model).[/yellow] "
-            "Train them with `make run`, then pass the run with the settings it was trained with, e.g. "
-            f'meta-agent solve "..." experiment=arith_hierarchy adapters={newest_run_hint(run_dir.parent)}',
+            f"using the adapters of the newest trained run, {trained}, with its settings "
+            "(adapters=<run> picks another; adapters=null runs the untrained roles)",
+            highlight=False,
+        )
+    elif cfg.adapters is None:
+        console.print(
+            "[yellow]the roles are untrained (fresh LoRA adapters on the base model): no trained run under "
+            f"{run_dir.parent} and no adapters= given.[/yellow] Train them with `make run` (later solves use "
+            "the newest trained run), or pass one with the settings it was trained with, e.g. "
+            f'meta-agent solve "..." experiment=arith_hierarchy adapters={newest_run_hint(run_dir.parent)}.'
+            + budget,
             highlight=False,
         )
     with console.status("loading the backbone"):
@@ -143,6 +177,34 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     console.print(f"\n[bold]answer:[/bold] {episode.final_answer}")
     console.print(f"trace: {run_dir / 'traces.jsonl'}")
     return 0
+
+
+def newest_trained_run(runs: Path) -> Path | None:
+    """The run folder under `runs` whose newest complete checkpoint is the newest, made by `train`."""
+    found = []
+    for config in runs.glob(f"*/{CONFIG_FILE}") if runs.is_dir() else []:
+        run = config.parent
+        try:
+            made_by_train = config.read_text(encoding="utf-8").startswith("# meta-agent train")
+            checkpoint = latest_checkpoint(run / CHECKPOINTS_DIR) if made_by_train else None
+        except (OSError, UnicodeDecodeError, CheckpointError):
+            continue  # unreadable or damaged: not a run to use unasked
+        if checkpoint is not None:
+            found.append((checkpoint.stat().st_mtime, str(run), run))
+    return max(found)[2] if found else None
+
+
+def with_repetition_stop(cfg: Config, overrides: list[str]) -> Config:
+    """Every role's sampling with SOLVE_REPETITION_STOP, where the command line did not set one."""
+    roles = {}
+    for name, role in cfg.roles.items():
+        if any(o.startswith(f"roles.{name}.sampling.repetition_stop=") for o in overrides):
+            roles[name] = role
+        else:
+            roles[name] = replace(
+                role, sampling=replace(role.sampling, repetition_stop=SOLVE_REPETITION_STOP)
+            )
+    return replace(cfg, roles=roles)
 
 
 def newest_run_hint(runs: Path) -> str:
@@ -174,10 +236,12 @@ def check_fits(prompt_tokens: int, budget: int, context: int | None) -> None:
 
 
 def cmd_eval(overrides: list[str]) -> int:
-    cfg, run_dir = start_run(load_config(overrides), overrides, "eval")
+    cfg = load_config(overrides)
+    # Read before the run folder is claimed: a bad task file or name stops with nothing made.
     tasks = {
         name: load_tasks(name, cfg.eval.split, limit=cfg.eval.limit, seed=cfg.seed) for name in cfg.eval.tasks
     }
+    cfg, run_dir = start_run(cfg, overrides, "eval")
     with console.status("loading the backbone"):
         system = build_system(cfg)
     seeds = cfg.eval.seeds or [cfg.seed]
@@ -293,6 +357,8 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     if resume:
         resolve_resume(resume)  # a typo stops here, before any folder exists
     cfg = load_config(overrides)
+    if command == "train":
+        check_train_tasks(cfg)  # an empty pool stops here, before the backbone loads or a folder exists
     cfg, ranks = join(cfg)  # one process, or this one's rank under `accelerate launch`
     if ranks.main:
         cfg, run_dir = start_run(cfg, overrides, command, resume=bool(resume))
@@ -311,6 +377,17 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     console.print(f"TensorBoard: tensorboard --logdir {run_dir}   then open http://localhost:6006")
     console.print(f"traces: {run_dir / 'traces.jsonl'}   checkpoints: {run_dir / 'checkpoints'}")
     return 0
+
+
+def check_train_tasks(cfg: Config) -> None:
+    """The training pool and the held-out problems can be read and are not empty (SettingError else)."""
+    pool = load_tasks(cfg.train.task, "train", limit=cfg.train.pool, seed=cfg.seed)
+    if not pool:
+        raise SettingError(
+            f"train.task={cfg.train.task} train.pool={cfg.train.pool}: the training pool is empty; raise "
+            "train.pool or pick a task with training problems"
+        )
+    load_tasks(cfg.train.eval_task, "test", limit=cfg.train.eval_limit, seed=cfg.seed)
 
 
 def run_folder(resume: Path) -> Path:
@@ -340,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except USER_ERRORS as err:
         # One clear line, nothing half-written lost; any other exception is a bug and keeps its traceback.
-        console.print(f"[bold red]error:[/bold red] {err}", highlight=False)
+        console.print(f"[bold red]error:[/bold red] {err}", highlight=False, soft_wrap=True)
         return 2
 
 
@@ -351,10 +428,9 @@ def _dispatch(args: list[str]) -> int:
     command, rest = args[0], args[1:]
     if command == "solve":
         if not rest or OVERRIDE.match(rest[0]):
-            print(
+            raise SettingError(
                 'meta-agent solve needs the question first: meta-agent solve "What is 12*34?" [key=value ...]'
             )
-            return 2
         return cmd_solve(rest[0], rest[1:])
     if command == "eval":
         return cmd_eval(rest)

@@ -98,6 +98,40 @@ def load_config(overrides: list[str] | None = None, config_name: str = "config")
     return to_config(compose_config(overrides, config_name))
 
 
+def config_of_run(saved: Path, overrides: list[str], own: tuple[str, ...]) -> Config:
+    """The config a run was made with (its resolved `saved` config.yaml), with `overrides` on top; the
+    dotted keys in `own` (this command's folder, say) keep the values `overrides` compose to instead.
+    Group choices (experiment=, roles=) cannot apply to a resolved config: a SettingError says so."""
+    groups = [
+        o for o in overrides if "=" in o and "." not in o.split("=", 1)[0] and o.split("=", 1)[0] in GROUPS
+    ]
+    if groups or any(o.startswith(("+", "~")) for o in overrides):
+        raise SettingError(
+            f"{', '.join(groups) or 'a +/~ override'}: cannot apply on top of {saved}; pass adapters= with the "
+            "settings the run was trained with instead"
+        )
+    cfg = compose_config(overrides)
+    kept = {key: OmegaConf.select(cfg, key) for key in own}
+    try:
+        cfg.roles = {}  # the run's roles, not these merged with the default ones
+        OmegaConf.set_struct(
+            cfg, False
+        )  # a key the run's file has and this version lacks: to_config names it
+        cfg = OmegaConf.merge(
+            cfg,
+            OmegaConf.load(saved),
+            OmegaConf.from_dotlist([o for o in overrides if o.split("=", 1)[0] not in own]),
+        )
+    except (yaml.YAMLError, OmegaConfBaseException) as err:
+        raise SettingError(f"{saved}: {setting_error_text(err)}") from err
+    for key, value in kept.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return to_config(cfg)
+
+
+GROUPS = ("experiment", "roles", "role")  # the config groups under configs/
+
+
 def as_dictconfig(cfg: Config) -> DictConfig:
     """A typed Config back as a structured DictConfig (for printing and the run's config.yaml)."""
     return OmegaConf.structured(cfg)

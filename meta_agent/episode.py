@@ -143,6 +143,7 @@ class Episode:
             top_p=role.sampling.top_p,
             max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
             stop=stop[turn.kind],
+            repetition_stop=role.sampling.repetition_stop,
         )
         return Request(
             turn.role, tuple(turn.prompt_ids + turn.completion_ids), sampling, self.adapters[turn.role]

@@ -72,7 +72,8 @@ def episode_dict(ep: Episode, **extra: Any) -> dict[str, Any]:
 
 def episode_markdown(ep: Episode) -> str:
     """One episode as Markdown, readable in TensorBoard's text tab and in a terminal."""
-    mark = "correct" if ep.correct else "wrong"
+    graded = bool(ep.task.answer)  # a `solve` question has no gold answer to grade against
+    mark = ("correct" if ep.correct else "wrong") if graded else "no gold answer"
     lines = [
         f"### {ep.task.id} ({mark})",
         f"**Question.** {ep.task.question}",
@@ -99,18 +100,20 @@ def episode_markdown(ep: Episode) -> str:
             lines.append(f"- forged observations: {t.forged} (what imitated the environment is quoted above)")
     if ep.lesson:
         lines += ["", f"**Lesson written to memory:** {_line(ep.lesson)}"]
-    lines += ["", *rounds_table(ep)]
+    lines += ["", *rounds_table(ep, graded)]
     return "\n".join(lines)
 
 
-def rounds_table(ep: Episode) -> list[str]:
-    """Each round graded: the executors' answer, whether it is correct, the verdict, whether it ended."""
+def rounds_table(ep: Episode, graded: bool = True) -> list[str]:
+    """Each round graded: the executors' answer, whether it is correct (n/a without a gold answer), the
+    verdict, whether it ended."""
     rows = ["| round | answer | correct | verdict | ended the episode |", "| --- | --- | --- | --- | --- |"]
     for r in ep.rounds:
         answer = f"`{_cell(r.answer)}`" if r.answer is not None else "(none)"
         verdict = r.verdict or "(no reflection)"
         rows.append(
-            f"| {r.index + 1} | {answer} | {'yes' if r.correct else 'no'} | {verdict} | {'yes' if r.ended else 'no'} |"
+            f"| {r.index + 1} | {answer} | {('yes' if r.correct else 'no') if graded else 'n/a'} | {verdict} "
+            f"| {'yes' if r.ended else 'no'} |"
         )
     return rows
 

@@ -34,6 +34,9 @@ class SamplingSpec:
     temperature: float = 0.7  # 0: greedy
     top_p: float = 1.0  # nucleus sampling; 1: the whole distribution
     max_new_tokens: int = 256  # per generation segment; the episode's token budget caps it further
+    # end a segment once its last N tokens are one short pattern repeated 4+ times; 0: off (`solve`
+    # turns it on, see meta_agent.cli.SOLVE_REPETITION_STOP)
+    repetition_stop: int = 0
 
 
 @dataclass
@@ -90,6 +93,8 @@ class RoleSpec:
             )
         if sampling.max_new_tokens < 1:
             raise RoleConfigError(f"{where}.sampling.max_new_tokens must be >= 1")
+        if sampling.repetition_stop != 0 and sampling.repetition_stop < 8:
+            raise RoleConfigError(f"{where}.sampling.repetition_stop must be 0 (off) or at least 8 tokens")
 
     def system_text(self, tool_descriptions: str) -> str:
         return self.system_prompt.format(tools=tool_descriptions)

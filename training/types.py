@@ -16,6 +16,31 @@ class SamplingParams:
     max_new_tokens: int
     top_p: float = 1.0  # 1: the whole distribution (no nucleus)
     stop: tuple[str, ...] = ()  # generation ends after the first of these appears in the decoded text
+    # > 0: generation ends ("repetition") once its last this-many tokens are one pattern repeated 4 or
+    # more times (see repeats_at_end); 0: never
+    repetition_stop: int = 0
+
+
+def repeats_at_end(tokens: Sequence[int], span: int) -> bool:
+    """Whether the last `span` tokens are periodic with a period of at most span // 4: one pattern
+    repeated at least four times, the signature of a degenerate loop ("1. 1. 1. ...")."""
+    if span < 4 or len(tokens) < span:
+        return False
+    tail = tokens[len(tokens) - span :]
+    for period in range(1, span // 4 + 1):
+        if all(tail[i] == tail[i + period] for i in range(span - period)):
+            return True
+    return False
+
+
+def first_repetition(tokens: Sequence[int], span: int) -> int | None:
+    """The shortest prefix length n at which repeats_at_end(tokens[:n], span) holds, or None."""
+    if span < 4:
+        return None
+    for n in range(span, len(tokens) + 1):
+        if repeats_at_end(tokens[:n], span):
+            return n
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,7 +56,7 @@ class GenerationResult:
     token_ids: tuple[int, ...]  # sampled tokens, up to and including the stop string or EOS
     logprobs: tuple[float, ...]  # log p of each sampled token under the sampling distribution
     text: str  # decoded token_ids (special tokens removed)
-    finish_reason: str  # "stop" (stop string), "eos", or "length"
+    finish_reason: str  # "stop" (stop string), "eos", "length" or "repetition" (see repetition_stop)
     stop: str | None = None  # which stop string ended it
 
 

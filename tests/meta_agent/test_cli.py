@@ -191,7 +191,7 @@ def test_solve_takes_any_question_and_says_the_roles_are_untrained(tiny_model_di
     ]
     assert main(["solve", question, *args]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "no adapters= given: the roles are untrained" in out and "adapters=" in out
+    assert "the roles are untrained" in out and "no trained run under" in out and "adapters=" in out
     assert read_traces(tmp_path / "run")[0]["question"] == question
 
 

@@ -14,7 +14,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from training.types import GenerationBackend, GenerationRequest, GenerationResult, SamplingParams
+from training.types import (
+    GenerationBackend,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    first_repetition,
+)
 
 PROMPTS = (
     "The capital of France is",
@@ -23,7 +29,7 @@ PROMPTS = (
     "def add(a, b):",
 )
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
-FINISH_REASONS = ("stop", "eos", "length")
+FINISH_REASONS = ("stop", "eos", "length", "repetition")
 # top_p = 1: what every backend serves (vllm refuses nucleus sampling; hf's is tested in its own tests).
 SAMPLED = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=8)
 
@@ -130,6 +136,27 @@ def check_stop_strings(backend, tokenizer, adapters, atol) -> None:
     assert stop not in before, f"stop {stop!r} appeared before the last token: generation ran past it"
 
 
+def check_repetition_stop(backend, tokenizer, adapters, atol) -> None:
+    """With repetition_stop=N a greedy run ends ("repetition") at the first token where its last N tokens
+    are one pattern repeated 4+ times, keeping the tokens before; a run with no such loop is unchanged."""
+    for prompt in PROMPTS:
+        ids = _ids(tokenizer, prompt)
+        (full,) = backend.generate(
+            [GenerationRequest(None, ids, SamplingParams(temperature=0.0, max_new_tokens=48))]
+        )
+        span = 8
+        cut = first_repetition(full.token_ids, span)
+        stopped_sampling = SamplingParams(temperature=0.0, max_new_tokens=48, repetition_stop=span)
+        (stopped,) = backend.generate([GenerationRequest(None, ids, stopped_sampling)])
+        if cut is None or cut >= len(full.token_ids):
+            assert stopped.token_ids == full.token_ids and stopped.finish_reason == full.finish_reason, (
+                f"no loop in {full.token_ids}, yet the repetition stop changed the run: {stopped}"
+            )
+        else:
+            assert stopped.finish_reason == "repetition", f"a loop ends at token {cut}: {stopped}"
+            assert stopped.token_ids == full.token_ids[:cut], "the stopped run is not the loop's prefix"
+
+
 def check_greedy_deterministic(backend, tokenizer, adapters, atol) -> None:
     """The same greedy batch twice gives the same tokens and logprobs."""
     requests = [
@@ -177,6 +204,7 @@ CHECKS: tuple[Check, ...] = (
     check_result_fields,
     check_max_new_tokens,
     check_stop_strings,
+    check_repetition_stop,
     check_greedy_deterministic,
     check_mixed_adapter_batch,
     check_seeded_sampling,

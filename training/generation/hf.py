@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicLayer
 from training.backbone import BASE_ADAPTER, Backbone
 from training.generation.prefix_cache import CachedPrefix, PrefixCache, weights_fingerprint
 from training.mixed_lora import RowAdapters
-from training.types import GenerationRequest, GenerationResult
+from training.types import GenerationRequest, GenerationResult, repeats_at_end
 
 NUCLEUS_CANDIDATES = 1024
 BATCH_SIZE = 16  # rows per forward pass (backend.batch_size)
@@ -298,6 +298,8 @@ class HFBackend:
                 return "stop"
         if len(row.tokens) >= sampling.max_new_tokens:
             return "length"
+        if sampling.repetition_stop and repeats_at_end(row.tokens, sampling.repetition_stop):
+            return "repetition"
         return None
 
     def _result(self, row: _Row) -> GenerationResult:

@@ -31,7 +31,7 @@ import torch
 from training.backbone import Backbone
 from training.generation.hf import default_eos_ids
 from training.generation.prefix_cache import weights_fingerprint
-from training.types import GenerationRequest, GenerationResult
+from training.types import GenerationRequest, GenerationResult, first_repetition
 
 INSTALL_HINT = "pip install 'meta-agent[vllm]'"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -345,6 +345,11 @@ class VLLMBackend:
             text = text[:end]
         else:  # the eos token, or one of the stop token ids (the eos ids)
             finish = "eos"
+        cut = first_repetition(tokens, request.sampling.repetition_stop)
+        if cut is not None and cut < len(tokens):  # at the same token eos, a stop or the length come first
+            # vLLM cannot stop on a repetition: the same tokens, cut where HFBackend would have stopped.
+            tokens, logprobs, finish, stop = tokens[:cut], logprobs[:cut], "repetition", None
+            text = self.backbone.tokenizer.decode(list(tokens), skip_special_tokens=True)
         return GenerationResult(
             token_ids=tokens, logprobs=logprobs, text=text, finish_reason=finish, stop=stop
         )
