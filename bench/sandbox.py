@@ -9,14 +9,13 @@ same interpreter with the same flags to run nothing. Every call's result is chec
 sandbox stops the run instead of being timed.
 
 Writes bench/results/sandbox.json (or --out): `p50_ms`, `p95_ms`, `target_p50_ms`, `meets_target`,
-`latency_ms`, `throughput` (one row per concurrency), `breakdown`, `isolation`, `settings`, `machine`,
+`latency_ms`, `throughput` (one row per concurrency), `breakdown`, `isolation` (the default level), `other_levels` (p50/p95 of each other level, or why it is unavailable), `settings`, `machine`,
 `measured_at`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.common import RESULTS_DIR, machine_info, parse_sizes, summarize_ms, timed, write_result
-from tools.sandbox import PythonSandbox
+from tools.sandbox import ISOLATION_LEVELS, PythonSandbox, SandboxLimits, SandboxUnavailable
 
 TARGET_P50_MS = 100.0
 # The interpreter flags tools/sandbox.py starts the child with.
@@ -62,18 +61,24 @@ def interpreter_floor(calls: int) -> list[float]:
     return [timed(subprocess.run, argv, check=True, stdin=subprocess.DEVNULL)[1] for _ in range(calls)]
 
 
-def namespaces_available() -> bool:
-    """Whether a child may enter new network, mount and PID namespaces here (the sandbox's layer 2)."""
-    flags = 0x40000000 | 0x00020000 | 0x20000000 | (0x10000000 if os.geteuid() != 0 else 0)
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(flags) == 0 else 1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+def other_levels(code: str, expected: str, calls: int) -> dict[str, dict]:
+    """p50/p95 of the levels other than the default that this machine offers (else why not)."""
+    found = {}
+    for level in ISOLATION_LEVELS[1:]:
+        sandbox = PythonSandbox(SandboxLimits(isolation=level))
+        try:
+            sandbox.check()
+        except SandboxUnavailable as err:
+            found[level] = {"unavailable": str(err)}
+            continue
+        found[level] = summarize_ms([call_once(sandbox, code, expected) for _ in range(calls)])
+    return found
 
 
 def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     sandbox = PythonSandbox()
+    sandbox.check()  # the default level, namespaces, or this bench stops with why
     for _ in range(args.warmup):  # page cache, first-time imports on this side
         call_once(sandbox, args.code, args.expected)
     latency = summarize_ms([call_once(sandbox, args.code, args.expected) for _ in range(args.calls)])
@@ -94,7 +99,8 @@ def main(args: argparse.Namespace) -> dict:
             # Hardening (limits, namespaces, privilege drop, guards), scratch folder, output collection.
             "sandbox_overhead_p50_ms": round(latency["p50_ms"] - floor["p50_ms"], 3),
         },
-        "isolation": "namespaces" if namespaces_available() else "limits and guards only (no namespaces)",
+        "isolation": sandbox.limits.isolation,
+        "other_levels": other_levels(args.code, args.expected, args.calls),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "settings": {
             "code": args.code,

@@ -78,7 +78,7 @@ def episode_markdown(ep: Episode) -> str:
         f"### {ep.task.id} ({mark})",
         f"**Question.** {ep.task.question}",
         "",
-        f"**Gold:** `{_cell(ep.task.answer)}` | **answer:** `{_cell(str(ep.final_answer))}`"
+        f"**Gold:** {f'`{_cell(ep.task.answer)}`' if graded else '(none)'} | **answer:** `{_cell(str(ep.final_answer))}`"
         + (" | truncated by budget" if ep.truncated else ""),
     ]
     if ep.memories:
