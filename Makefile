@@ -7,6 +7,9 @@ PYTHON ?= python3
 # TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid PyPI's multi-GB CUDA build.
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+# Test processes side by side (pytest-xdist); each test runs one thread. 2 fits the 2-core CI machine and
+# keeps the real-backbone tests' memory (about 1 GB each) low; 0 runs everything in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup bench-setup vllm-setup device-prep run test test-fast test-slow test-vllm lint format bench bench-learning bench-reflection bench-vllm bench-gpu clean
 
@@ -30,13 +33,13 @@ run: setup
 # Everything but GPU tests: the fast suite and the slow tests on the real backbone.
 test: setup
 	# One thread per test process: the suite runs many small models and subprocesses side by side.
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not gpu" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "not slow and not gpu" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-slow: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m "slow and not gpu" -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ The vocabulary projection is most of a small model's cost, so prompts are never 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ class TurnBatch:
     loss_mask: torch.Tensor  # [B, K] 1 on generated tokens, 0 on observations and padding
     old_logprobs: torch.Tensor  # [B, K] rollout logprobs (0 where loss_mask is 0)
     episode_ids: torch.Tensor  # [B]
+    policy_logprobs: torch.Tensor | None = None  # [B, K] Turn.policy_logprobs, when every turn has them
 
     @property
     def completion_len(self) -> int:
@@ -55,6 +57,11 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
         old[i, k - c :] = torch.tensor(t.logprobs, dtype=torch.float32)
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     episodes = torch.tensor([t.episode for t in turns], dtype=torch.long)
+    policy = None
+    if all(t.policy_logprobs is not None for t in turns):
+        policy = torch.zeros((b, k), dtype=torch.float32)
+        for i, t in enumerate(turns):
+            policy[i, k - len(t.completion_ids) :] = torch.tensor(t.policy_logprobs, dtype=torch.float32)
     to = torch.device(device)
     return TurnBatch(
         input_ids.to(to),
@@ -64,6 +71,7 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
         mask.to(to),
         old.to(to),
         episodes.to(to),
+        None if policy is None else policy.to(to),
     )
 
 
@@ -107,3 +115,18 @@ def micro_batches(turns: Sequence[Turn], size: int, *, whole_episodes: bool = Fa
         else:
             chunks.append(list(group))
     return chunks
+
+
+def minibatches(turns: Sequence[Turn], parts: int, *, seed: int) -> list[list[Turn]]:
+    """`turns` in `parts` minibatches of whole episodes: the episodes shuffled by `seed` (one order per
+    pass over a rollout), then cut into `parts` runs as even as can be. Always `parts` lists, some empty
+    when there are fewer episodes, so every rank takes as many optimizer steps."""
+    if parts < 1:
+        raise ValueError(f"minibatches needs parts >= 1, got {parts}")
+    episodes: dict[int, list[Turn]] = {}
+    for t in turns:
+        episodes.setdefault(t.episode, []).append(t)
+    order = sorted(episodes)
+    random.Random(seed).shuffle(order)
+    cuts = [round(i * len(order) / parts) for i in range(parts + 1)]
+    return [[t for e in order[cuts[i] : cuts[i + 1]] for t in episodes[e]] for i in range(parts)]

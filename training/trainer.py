@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from accelerate import Accelerator
 
 from training.backbone import Backbone
-from training.batch import TurnBatch, collate, completion_logits, micro_batches
+from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches
 from training.distributed import Ranks
 from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
 from training.types import Turn
@@ -39,10 +39,16 @@ class UpdateSettings:
     # true: keep only each decoder layer's input for backward and recompute the rest: less memory per
     # turn, one more forward pass of the adapted layers per micro-batch (about 1/3 slower)
     gradient_checkpointing: bool = False
+    # optimizer steps per rollout batch: passes over it (as TRL's num_iterations, verl's ppo_epochs) ...
+    updates_per_rollout: int = 1
+    # ... each in this many minibatches of whole episodes, one step each. Above one update the old
+    # policy is fixed at the rollout, so the clipped ratio (grpo.eps_low, eps_high) acts from the second.
+    minibatches: int = 1
 
     def __post_init__(self) -> None:
-        if self.micro_batch_size < 1:
-            raise ValueError(f"train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        for name in ("micro_batch_size", "updates_per_rollout", "minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
 
 
 class PolicyTrainer:
@@ -98,8 +104,49 @@ class PolicyTrainer:
     # ---- GRPO --------------------------------------------------------------------------------
 
     def grpo_step(self, turns: Sequence[Turn]) -> dict[str, float]:
-        """One optimizer step on `turns`, each carrying its advantage (see training.grpo.trainable_turns
-        for which turns to pass). Returns "role/<name>/<metric>" and "train/<metric>" metrics."""
+        """The updates of one rollout batch: `train.updates_per_rollout` passes over `turns` (each carrying
+        its advantage, see training.grpo.trainable_turns), each pass in `train.minibatches` optimizer
+        steps. Returns "role/<name>/<metric>" and "train/<metric>" metrics: the mean over the updates, and
+        the clip fraction and ratio of the first update and of the later ones apart."""
+        passes, parts = self.update.updates_per_rollout, self.update.minibatches
+        if passes * parts == 1:
+            return self._grpo_update(turns)
+        if self.grpo.tis_cap is not None:
+            # The ratio's old policy is the trainer's own at the rollout; the rollout backend's logprobs
+            # only weigh tokens (TIS). Without TIS they are the old policy themselves.
+            turns = self._with_policy_logprobs(turns)
+        updates = []
+        for epoch in range(passes):
+            for part in minibatches(turns, parts, seed=epoch):
+                updates.append(self._grpo_update(part))
+        return merge_updates(updates)
+
+    def _with_policy_logprobs(self, turns: Sequence[Turn]) -> list[Turn]:
+        """`turns` with Turn.policy_logprobs: this policy's logprobs now, before any update."""
+        out = []
+        for role in self.backbone.adapters:
+            own = [t for t in turns if t.role == role]
+            if not own:
+                continue
+            self.backbone.activate(role)
+            temperature = self.temperature.get(role, 1.0)
+            for chunk in micro_batches(own, self.update.micro_batch_size):
+                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
+                with torch.no_grad():
+                    logprobs = token_logprobs(
+                        completion_logits(self.model, batch), batch.targets, temperature
+                    )
+                k = batch.completion_len
+                for i, t in enumerate(chunk):
+                    row = (
+                        logprobs[i, k - len(t.completion_ids) :]
+                        * batch.loss_mask[i, k - len(t.completion_ids) :]
+                    )
+                    out.append(replace(t, policy_logprobs=tuple(float(x) for x in row)))
+        return out
+
+    def _grpo_update(self, turns: Sequence[Turn]) -> dict[str, float]:
+        """One optimizer step on `turns`."""
         by_role: dict[str, list[Turn]] = defaultdict(list)
         for t in turns:
             by_role[t.role].append(t)
@@ -178,9 +225,13 @@ class PolicyTrainer:
             logits = completion_logits(self.model, batch)  # [B, K, V]
             logprobs = token_logprobs(logits, batch.targets, temperature)
             ref = self._reference_logprobs(batch, temperature) if g.beta > 0 else None
-            # One update per rollout batch: the policy before it is this forward pass. With TIS the ratio
-            # is taken against it and the rollout's logprobs only weigh tokens; without, against them.
-            old = logprobs.detach() if g.tis_cap is not None else batch.old_logprobs
+            # With TIS the ratio is taken against the trainer's policy at the rollout (this forward pass
+            # itself on a single update, else the logprobs recorded before the first) and the rollout's
+            # logprobs only weigh tokens; without TIS, against the rollout's logprobs.
+            if g.tis_cap is None:
+                old = batch.old_logprobs
+            else:
+                old = batch.policy_logprobs if batch.policy_logprobs is not None else logprobs.detach()
             loss, stats = grpo_loss(
                 logprobs,
                 old,
@@ -277,6 +328,23 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         return metrics
+
+
+def merge_updates(updates: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The metrics of several updates on one rollout as one: each the mean over the updates that report
+    it (a learning rate: the last); the clip fraction and mean ratio also of the first update alone and of
+    the later ones (where the clip range acts), as `<name>_first` and `<name>_later`."""
+    merged: dict[str, float] = {}
+    for key in dict.fromkeys(k for u in updates for k in u):
+        values = [u[key] for u in updates if key in u]
+        merged[key] = values[-1] if key.endswith("/lr") else sum(values) / len(values)
+        if key.endswith(("/clip_fraction", "/ratio_mean")):
+            merged[f"{key}_first"] = updates[0].get(key, float("nan"))
+            later = [u[key] for u in updates[1:] if key in u]
+            if later:
+                merged[f"{key}_later"] = sum(later) / len(later)
+    merged["train/updates"] = float(len(updates))
+    return merged
 
 
 def _micro_batch_weight(aggregation: str, batch: TurnBatch, total_rows: int, total_tokens: int) -> float:

@@ -27,8 +27,6 @@ from pathlib import Path
 
 import pytest
 
-from tools.sandbox_child import UID_BASE
-
 REPO = Path(__file__).resolve().parents[2]
 UNPRIVILEGED = 61_234  # the uid of the unprivileged contexts (no account needed)
 DELAYED_ATTACK_S = 1.5  # the daemon's attack comes this long after the call returned
@@ -394,10 +392,6 @@ def _processes() -> list[tuple[int, int, int, str, bytes]]:
     return found
 
 
-def _sandbox_folders() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("sandbox-*")}
-
-
 def _run_driver(context: Context, codes: list[str], secret: str) -> dict:
     python = _interpreter() if context.uid is not None else sys.executable
     request = {"tools": str(REPO / "tools"), "level": context.level, "deny_unshare": context.deny_unshare,
@@ -435,7 +429,6 @@ def test_hostile_programs_leave_the_host_untouched(host: Host, request: pytest.F
         pytest.skip(why_not)
     programs = attacks(host)
     project_before = _digest(host.project)
-    folders_before = _sandbox_folders()
     zombies_before = {p[0] for p in _processes() if p[3] == "Z"}
     report = _run_driver(context, list(programs.values()), host.secret)
     assert "results" in report, report
@@ -465,7 +458,10 @@ def test_hostile_programs_leave_the_host_untouched(host: Host, request: pytest.F
     assert _digest(host.project) == project_before, "the project folder changed"
     assert not list(Path("/tmp").glob(f"{host.tag}-written*")), "a file was written to /tmp"
     assert not list(Path("/dev/shm").glob(f"{host.tag}*")), "a file was written to /dev/shm"
-    assert _sandbox_folders() <= folders_before, "a scratch folder was left behind"
+    # The calls' own scratch folders (other tests may run sandboxes beside this one).
+    scratches = [line.split()[-1] for line in out["scratch"].splitlines() + out["kill_caller"].splitlines()
+                 if line.startswith(("scratch ok", "scratch /"))]  # fmt: skip
+    assert len(scratches) == 2 and not any(Path(s).exists() for s in scratches), "a scratch folder was left"
     with pytest.raises(BlockingIOError):
         host.tcp.accept()  # nobody connected
     with pytest.raises(BlockingIOError):
@@ -477,9 +473,10 @@ def test_hostile_programs_leave_the_host_untouched(host: Host, request: pytest.F
     processes = _processes()
     left = [p for p in processes if host.tag.encode() in p[4] and p[0] != host.canary_pid]
     assert not left, f"processes outlived the call: {left}"
-    assert not [p for p in processes if p[2] >= UID_BASE], "a process of a per-call uid is still running"
-    new_zombies = [p for p in processes if p[3] == "Z" and p[0] not in zombies_before]
-    assert not new_zombies, f"zombies left: {new_zombies}"
+    # A leaked zombie ends up a child of pid 1, which may never reap it; a test's own zombie is brief.
+    leaked = {p[0] for p in processes if p[3] == "Z" and p[1] == 1 and p[0] not in zombies_before}
+    time.sleep(0.5)
+    assert not leaked & {p[0] for p in _processes() if p[3] == "Z"}, f"zombies left: {leaked}"
 
 
 @pytest.mark.parametrize("context", REFUSED, ids=[c.name for c in REFUSED])
