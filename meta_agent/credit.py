@@ -1,11 +1,14 @@
 """Credit for a rollout: each role's advantage in each episode, normalised within (role, task) groups.
 
-    assign_advantages(episodes, scale=cfg.grpo.scale_advantages)   # onto every turn record
+    assign_advantages(episodes, scale=cfg.grpo.scale_advantages, kind=cfg.grpo.advantage,
+                      reflection_credit=cfg.grpo.reflection_credit)   # onto every turn record
     turns = trainable_turns(training_turns(episodes), filter_zero_variance=cfg.grpo.filter_zero_variance)
 
 An episode gives each role one reward (roles.rewards); a role with several turns in an episode (plan
-and reflection) counts once in its group's statistics, and all its turns share the advantage. The
-maths is training.grpo.group_advantages.
+and reflection) counts once in its group's statistics, and all its turns share the advantage, except
+the meta-thinker's reflections under `reflection_credit="round"`: each is credited with what it did
+(roles.rewards.round_reflection_reward), normalised among the reflections of the same task and round. The maths
+is training.grpo.advantages (grpo, rloo or reinforce_pp baselines).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meta_agent.episode import Episode
-from training.grpo import group_advantages
+from meta_agent.episode_records import REFLECT
+from roles import META_THINKER, round_reflection_reward
+from training.grpo import advantages
 from training.types import Turn
 
 
@@ -22,17 +27,43 @@ def credited_roles(episode: Episode) -> list[str]:
     return list(dict.fromkeys(t.role for t in episode.turns if t.completion_ids))
 
 
-def assign_advantages(episodes: Sequence[Episode], *, scale: bool = True) -> None:
-    """Set `advantage` on every turn record of the finished `episodes`: its role's reward in that
+def assign_advantages(
+    episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo", reflection_credit: str = "episode"
+) -> None:
+    """Set `advantage` on every turn record of the finished `episodes`. grpo: its role's reward in that
     episode minus the mean over the group's episodes (the same role on the same task), divided by the
-    group's std when `scale`. Groups whose rewards are all equal get 0."""
+    group's std when `scale`; groups whose rewards are all equal get 0. rloo and reinforce_pp: see
+    training.grpo.advantages. With reflection_credit="round" the meta-thinker's reflect turns then get
+    their own advantages (round_advantages)."""
     rows = [(ep, role) for ep in episodes for role in credited_roles(ep)]
     rewards = [ep.rewards[role] for ep, role in rows]
     keys = [(role, ep.task.id) for ep, role in rows]
-    for (ep, role), advantage in zip(rows, group_advantages(rewards, keys, scale=scale), strict=True):
+    for (ep, role), advantage in zip(rows, advantages(rewards, keys, kind, scale=scale), strict=True):
         for turn in ep.turns:
             if turn.role == role and turn.completion_ids:  # a turn with nothing generated trains nothing
                 turn.advantage = advantage
+    if reflection_credit == "round":
+        round_advantages(episodes, scale=scale, kind=kind)
+
+
+def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
+    """Each meta-thinker reflect turn's advantage from its own round's credit (what its verdict did to
+    correctness, weighted by the role's reward spec), normalised among the reflections of the same role,
+    task and round in this rollout."""
+    rows, credits, keys = [], [], []
+    for ep in episodes:
+        graded = [(r.correct, r.verdict) for r in ep.rounds]
+        for turn in ep.turns:
+            role = ep.roles.get(turn.role)
+            if role is None or role.kind != META_THINKER or turn.kind != REFLECT or not turn.completion_ids:
+                continue
+            if turn.round >= len(graded):
+                continue  # the episode ended inside this reflection: it judged nothing
+            rows.append(turn)
+            credits.append(round_reflection_reward(role.reward, graded, turn.round))
+            keys.append((turn.role, ep.task.id, REFLECT, turn.round))
+    for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
+        turn.advantage = advantage
 
 
 def training_turns(episodes: Sequence[Episode]) -> list[Turn]:

@@ -15,11 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from memory.types import MemoryHit
 from meta_agent.chat import ChatFormat
 from meta_agent.episode_records import (
-    ACCEPT,
     EXECUTE,
     PLAN,
     REFLECT,
-    REVISE,
     Limits,
     Request,
     RoundRecord,
@@ -37,7 +35,9 @@ from meta_agent.prompts import (
 )
 from meta_agent.tasks import Task
 from roles import (
+    ACCEPT,
     META_THINKER,
+    REVISE,
     Outcome,
     RoleSpec,
     check_roles,
@@ -355,7 +355,10 @@ class Episode:
                 continue
             if role.kind == META_THINKER:
                 # Every plan and reflection must keep its tags: a runaway turn costs the format penalty.
-                outcome = Outcome(self.correct, format_ok=all(t.format_ok for t in turns), leaked=self.leaked)
+                rounds = tuple((r.correct, r.verdict) for r in self.rounds)
+                outcome = Outcome(
+                    self.correct, format_ok=all(t.format_ok for t in turns), leaked=self.leaked, rounds=rounds
+                )
             else:
                 errors = sum(1 for t in turns for c in t.tool_calls if not c.ok)
                 # A forged observation in any of its turns costs the format penalty, whatever came after.

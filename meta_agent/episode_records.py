@@ -71,9 +71,6 @@ class TurnRecord:
         return sum(self.mask)
 
 
-ACCEPT, REVISE = "accept", "revise"
-
-
 @dataclass
 class RoundRecord:
     """One plan -> execute -> reflect round, graded when its executors are done."""

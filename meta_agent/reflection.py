@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from meta_agent.adherence import episode_adherence
 from meta_agent.episode import Episode
-from meta_agent.episode_records import ACCEPT, REVISE, RoundRecord
+from meta_agent.episode_records import RoundRecord
+from roles.grammar import ACCEPT, REVISE
 
 TRANSITIONS = ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")
 VERDICTS = ("accept_right", "accept_wrong", "revise_right", "revise_wrong")

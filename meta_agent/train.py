@@ -107,7 +107,12 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             started = time.perf_counter()
             episodes, empty_passes = rollout(cfg, system, pool, state, ranks)
             rollout_s = time.perf_counter() - started
-            assign_advantages(episodes, scale=cfg.grpo.scale_advantages)
+            assign_advantages(
+                episodes,
+                scale=cfg.grpo.scale_advantages,
+                kind=cfg.grpo.advantage,
+                reflection_credit=cfg.grpo.reflection_credit,
+            )
             turns = training_turns(episodes)
             trained = trainable_turns(turns, filter_zero_variance=cfg.grpo.filter_zero_variance)
             update = trainer.grpo_step(trained)

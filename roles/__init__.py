@@ -1,6 +1,8 @@
 """Role specs from config: prompts, output grammar and parser, per-role reward shaping."""
 
 from roles.grammar import (
+    ACCEPT,
+    REVISE,
     ExecutorStep,
     Grammar,
     MetaOutput,
@@ -10,7 +12,7 @@ from roles.grammar import (
     recover_answer,
     states_answer,
 )
-from roles.rewards import Outcome, role_reward
+from roles.rewards import Outcome, reflection_reward, role_reward, round_reflection_reward
 from roles.spec import (
     EXECUTOR,
     KINDS,
@@ -25,6 +27,8 @@ from roles.spec import (
 )
 
 __all__ = [
+    "ACCEPT",
+    "REVISE",
     "EXECUTOR",
     "KINDS",
     "META_THINKER",
@@ -44,5 +48,7 @@ __all__ = [
     "parse_reflection",
     "recover_answer",
     "states_answer",
+    "reflection_reward",
     "role_reward",
+    "round_reflection_reward",
 ]

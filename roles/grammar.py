@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+ACCEPT, REVISE = "accept", "revise"  # a reflection's verdicts
+
 
 @dataclass(frozen=True)
 class Grammar:
@@ -125,7 +127,7 @@ def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
     # A lesson cut off mid-sentence (out of tokens) is not stored: memory keeps only finished ones.
     lesson = _between(text, grammar.lesson) if grammar.lesson[1] in text else None
     verdict_text = (_between(text, grammar.verdict) or "").lower()
-    verdict = "revise" if plan or "revise" in verdict_text else "accept"
+    verdict = REVISE if plan or REVISE in verdict_text else ACCEPT
     return MetaOutput(plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict)
 
 

@@ -5,8 +5,10 @@ Pure functions of an Outcome and a RewardSpec, so a researcher can read and test
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from roles.grammar import ACCEPT, REVISE
 from roles.spec import EXECUTOR, META_THINKER, RewardSpec
 
 
@@ -18,6 +20,32 @@ class Outcome:
     format_ok: bool  # this role kept its grammar (tagged answer / tagged plan)
     tool_errors: int = 0  # failed or malformed tool calls made by this role
     leaked: bool = False  # meta-thinker only: it stated the answer itself
+    # meta-thinker only: each round's (answer correct, verdict: accept | revise | None), in order
+    rounds: tuple[tuple[bool, str | None], ...] = ()
+
+
+def round_reflection_reward(spec: RewardSpec, rounds: Sequence[tuple[bool, str | None]], k: int) -> float:
+    """What round k's reflection earns: accepting a wrong answer costs accept_wrong_penalty; a revise
+    verdict on a right one costs revise_right_penalty; a revision whose next round turned wrong into
+    right earns improvement_bonus, right into wrong costs regression_penalty. No verdict: 0."""
+    correct, verdict = rounds[k]
+    if verdict == ACCEPT:
+        return -spec.accept_wrong_penalty if not correct else 0.0
+    if verdict != REVISE:
+        return 0.0
+    reward = -spec.revise_right_penalty if correct else 0.0
+    if k + 1 < len(rounds):
+        following = rounds[k + 1][0]
+        if following and not correct:
+            reward += spec.improvement_bonus
+        elif correct and not following:
+            reward -= spec.regression_penalty
+    return reward
+
+
+def reflection_reward(spec: RewardSpec, rounds: Sequence[tuple[bool, str | None]]) -> float:
+    """The sum over the episode's reflections of round_reflection_reward."""
+    return sum(round_reflection_reward(spec, rounds, k) for k in range(len(rounds)))
 
 
 def role_reward(kind: str, spec: RewardSpec, outcome: Outcome) -> float:
@@ -34,6 +62,7 @@ def role_reward(kind: str, spec: RewardSpec, outcome: Outcome) -> float:
     elif kind == META_THINKER:
         if outcome.leaked:
             reward -= spec.leak_penalty
+        reward += reflection_reward(spec, outcome.rounds)
     else:
         raise ValueError(f"unknown role kind {kind!r}")
     return reward

@@ -50,6 +50,23 @@ class RewardSpec:
     tool_error_penalty: float = 0.05  # executor: per failed or malformed tool call
     max_tool_error_penalty: float = 0.2  # executor: at most this much in all
     leak_penalty: float = 0.5  # meta-thinker: it stated the answer instead of planning
+    # meta-thinker, per reflection (roles.rewards.reflection_reward; all 0: the episode outcome alone):
+    improvement_bonus: float = 0.0  # it revised a wrong answer and the next round's is right
+    regression_penalty: float = 0.0  # it revised a right answer and the next round's is wrong
+    accept_wrong_penalty: float = 0.0  # it accepted a wrong answer
+    revise_right_penalty: float = 0.0  # it asked to revise a right answer
+
+    @property
+    def rewards_reflection(self) -> bool:
+        """Whether any per-reflection weight is set."""
+        return any(
+            (
+                self.improvement_bonus,
+                self.regression_penalty,
+                self.accept_wrong_penalty,
+                self.revise_right_penalty,
+            )
+        )
 
 
 @dataclass

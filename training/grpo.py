@@ -32,6 +32,8 @@ from training.types import Turn
 RATIO_LEVELS = ("token", "turn", "sequence")
 FLAT = 1e-6  # rewards within this of each other count as equal: the group has no signal
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp")
+REFLECTION_CREDITS = ("episode", "round")
 
 
 @dataclass
@@ -44,6 +46,12 @@ class GRPOSettings:
     ratio_level: str = "token"  # "token", "turn" (GSPO over one turn) or "sequence" (over the episode)
     aggregation: str = "token-mean"  # "token-mean", "seq-mean-token-mean" or "dr-grpo"
     scale_advantages: bool = True  # divide by the group's std; False is Dr.GRPO's unscaled advantage
+    # the baseline: grpo (group mean, / group std when scale_advantages) | rloo (leave-one-out mean of
+    # the group, unscaled) | reinforce_pp (REINFORCE++: mean and std over the role's whole batch)
+    advantage: str = "grpo"
+    # the meta-thinker's reflect turns: episode (the episode's advantage, as every turn) | round (each
+    # reflection its own: roles.rewards.round_reflection_reward, normalised among the task's reflections)
+    reflection_credit: str = "episode"
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
     max_tokens: int | None = None  # Dr.GRPO's constant normaliser per row; required by "dr-grpo"
     # Truncated importance sampling against the rollout backend's logprobs: the weight's upper bound.
@@ -65,6 +73,17 @@ class GRPOSettings:
             raise ValueError(f"grpo.max_tokens must be a positive int or null, got {self.max_tokens}")
         if self.aggregation == "dr-grpo" and self.max_tokens is None:
             raise ValueError("grpo.aggregation 'dr-grpo' needs grpo.max_tokens (the constant normaliser)")
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"grpo.advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
+        if self.advantage == "reinforce_pp" and self.filter_zero_variance:
+            raise ValueError(
+                "grpo.advantage=reinforce_pp gives a task whose episodes all scored the same a nonzero "
+                "advantage: set grpo.filter_zero_variance=false with it"
+            )
+        if self.reflection_credit not in REFLECTION_CREDITS:
+            raise ValueError(
+                f"grpo.reflection_credit must be one of {REFLECTION_CREDITS}, got {self.reflection_credit!r}"
+            )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(
                 f"grpo.tis_cap must be >= 1 (or null to turn the correction off), got {self.tis_cap}"
@@ -136,6 +155,40 @@ def group_advantages(
         for i, value in zip(idx, values, strict=True):
             advantages[i] = (value - mean) / denom
     return advantages
+
+
+def rloo_advantages(rewards: Sequence[float], keys: Sequence[Hashable]) -> list[float]:
+    """RLOO: each reward minus the mean of the other rewards of its group, unscaled; groups of one get 0.
+    Equal to n / (n - 1) times the group-centred reward."""
+    advantages = [0.0] * len(rewards)
+    for idx in _groups(rewards, keys).values():
+        if len(idx) < 2:
+            continue
+        total = sum(float(rewards[i]) for i in idx)
+        for i in idx:
+            advantages[i] = float(rewards[i]) - (total - float(rewards[i])) / (len(idx) - 1)
+    return advantages
+
+
+def batch_advantages(rewards: Sequence[float], batches: Sequence[Hashable], eps: float = FLAT) -> list[float]:
+    """REINFORCE++: each reward minus the mean over its whole batch (rows with an equal `batches` key:
+    here one role's episodes of the rollout), divided by that batch's sample std + eps; a batch whose
+    rewards are all equal gets 0."""
+    return group_advantages(rewards, batches, scale=True, eps=eps)
+
+
+def advantages(
+    rewards: Sequence[float], keys: Sequence[tuple], kind: str, *, scale: bool = True
+) -> list[float]:
+    """The advantages of `grpo.advantage` = `kind` for rows keyed (role, task, ...): grpo and rloo
+    normalise within equal keys, reinforce_pp within equal roles (the key's first part)."""
+    if kind == "grpo":
+        return group_advantages(rewards, keys, scale=scale)
+    if kind == "rloo":
+        return rloo_advantages(rewards, keys)
+    if kind == "reinforce_pp":
+        return batch_advantages(rewards, [key[0] for key in keys])
+    raise ValueError(f"unknown advantage {kind!r}; one of {ADVANTAGES}")
 
 
 def trainable_turns(turns: Sequence[Turn], *, filter_zero_variance: bool, eps: float = FLAT) -> list[Turn]:

@@ -1,0 +1,109 @@
+"""Credit for reflection (issue: reflection that learns), by hand: the per-reflection reward, the
+meta-thinker's reward with it, per-round advantages of reflect turns, and the RLOO and REINFORCE++
+baselines beside GRPO's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meta_agent.config import load_config
+from meta_agent.credit import assign_advantages
+from meta_agent.errors import SettingError
+from roles import META_THINKER, Outcome, RewardSpec, reflection_reward, role_reward, round_reflection_reward
+from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer
+from tests.meta_agent.test_rounds import CALC, REVISE, WRONG
+from training.grpo import GRPOSettings, advantages, batch_advantages, rloo_advantages
+
+SPEC = RewardSpec(
+    improvement_bonus=1.0, regression_penalty=1.0, accept_wrong_penalty=0.5, revise_right_penalty=0.25
+)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "per_round", "total"),
+    [
+        ([(False, "revise"), (True, "accept")], [1.0, 0.0], 1.0),  # fixed it, then accepted the right one
+        ([(True, "revise"), (False, "accept")], [-1.25, -0.5], -1.75),  # broke it (-0.25 - 1), accepted wrong
+        ([(False, "revise"), (False, "accept")], [0.0, -0.5], -0.5),  # revised in vain, accepted wrong
+        ([(False, "accept")], [-0.5], -0.5),
+        ([(True, "accept")], [0.0], 0.0),
+        ([(False, "revise")], [0.0], 0.0),  # the last round: nothing followed the verdict
+        ([(True, None)], [0.0], 0.0),  # no reflection
+    ],
+)
+def test_each_reflection_earns_what_its_verdict_did(rounds, per_round, total):
+    assert [round_reflection_reward(SPEC, rounds, k) for k in range(len(rounds))] == per_round
+    assert reflection_reward(SPEC, rounds) == total
+    assert reflection_reward(RewardSpec(), rounds) == 0.0  # the default: episode outcome alone
+
+
+def test_the_meta_thinkers_reward_adds_its_reflections():
+    fixed = Outcome(True, format_ok=True, rounds=((False, "revise"), (True, "accept")))
+    assert role_reward(META_THINKER, SPEC, fixed) == 2.0  # 1 for the right answer + 1 for the fix
+    assert role_reward(META_THINKER, RewardSpec(), fixed) == 1.0
+    stamped = Outcome(False, format_ok=True, rounds=((False, "accept"),))
+    assert role_reward(META_THINKER, SPEC, stamped) == -0.5  # 0 for wrong - 0.5 for accepting it
+
+
+def test_rloo_and_reinforce_pp_by_hand():
+    keys = [("a", "t1")] * 4 + [("a", "t2")]
+    rewards = [1.0, 0.0, 0.0, 1.0, 1.0]
+    # RLOO: 1 - (0 + 0 + 1) / 3 = 2/3 and 0 - (1 + 0 + 1) / 3 = -2/3; a group of one gets 0
+    assert rloo_advantages(rewards, keys) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3, 0.0])
+    # REINFORCE++: over the role's batch [1, 0, 0, 1, 1]: mean 0.6, sample std sqrt(1.2 / 4) = 0.547723
+    expected = [(r - 0.6) / 0.547723 for r in rewards]
+    assert batch_advantages(rewards, ["a"] * 5) == pytest.approx(expected, abs=1e-5)
+    assert advantages(rewards, keys, "reinforce_pp") == pytest.approx(expected, abs=1e-5)
+    assert advantages(rewards, keys, "rloo") == rloo_advantages(rewards, keys)
+    assert advantages([1.0, 2.0], [("b", "t")] * 2, "reinforce_pp") == pytest.approx(
+        [-0.707106, 0.707106], abs=1e-5
+    )
+
+
+def test_bad_advantage_settings_name_the_key():
+    with pytest.raises(ValueError, match="grpo.advantage must be one of"):
+        GRPOSettings(advantage="ppo")
+    with pytest.raises(ValueError, match="grpo.filter_zero_variance=false"):
+        GRPOSettings(advantage="reinforce_pp")
+    with pytest.raises(ValueError, match="grpo.reflection_credit must be one of"):
+        GRPOSettings(reflection_credit="turn")
+
+
+def two_rounds(make_episode, fixed: bool):
+    """plan -> wrong answer -> revise -> (right | wrong) answer -> accept."""
+    ep = make_episode("hierarchy")  # max_rounds=2
+    second = (CALC, answer(TASK.answer)) if fixed else (answer(WRONG),)
+    for action in (PLAN, answer(WRONG), REVISE, *second, REFLECTION):
+        ep.advance_text(action)
+    assert ep.done
+    return ep
+
+
+def test_round_credit_gives_each_reflection_its_own_advantage(make_episode):
+    episodes = [two_rounds(make_episode, True), two_rounds(make_episode, False)]
+    for ep in episodes:  # the reflection weights of SPEC on the meta-thinker
+        ep.roles["meta_thinker"] = replace(ep.roles["meta_thinker"], reward=SPEC)
+    # Episode credit first: meta-thinker rewards 1 and 0 (both episodes are graded before the weights
+    # changed) -> advantages +0.7071 and -0.7071 (group [1, 0]: mean 0.5, sample std 0.7071).
+    assign_advantages(episodes, reflection_credit="round")
+    reflect = [[t for t in ep.turns if t.kind == "reflect"] for ep in episodes]
+    plans = [[t for t in ep.turns if t.kind == "plan"] for ep in episodes]
+    # Round 1 reflections: both revised a wrong answer; the first fixed it (+1), the second did not (0):
+    # group [1, 0] -> +0.7071, -0.7071. Round 2: the first accepted a right answer (0), the second a
+    # wrong one (-0.5): group [0, -0.5] -> +0.7071, -0.7071.
+    assert [t.advantage for t in reflect[0]] == pytest.approx([0.70711, 0.70711], abs=1e-4)
+    assert [t.advantage for t in reflect[1]] == pytest.approx([-0.70711, -0.70711], abs=1e-4)
+    assert [t.advantage for t in plans[0]] == pytest.approx([0.70711], abs=1e-4)  # the episode's
+    # Unscaled: the credits minus their group's mean
+    assign_advantages(episodes, scale=False, reflection_credit="round")
+    assert [t.advantage for t in reflect[0]] == pytest.approx([0.5, 0.25])
+    assert [t.advantage for t in reflect[1]] == pytest.approx([-0.5, -0.25])
+
+
+def test_round_credit_needs_a_reflection_weight():
+    with pytest.raises(SettingError, match="grpo.reflection_credit=round credits each reflection"):
+        load_config(["grpo.reflection_credit=round"])
+    cfg = load_config(["grpo.reflection_credit=round", "roles.meta_thinker.reward.improvement_bonus=1"])
+    assert cfg.roles["meta_thinker"].reward.improvement_bonus == 1.0
