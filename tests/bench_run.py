@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def run_bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_bench(name: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python -m bench.<name> *args`, its output captured as text."""
     return subprocess.run(
         [sys.executable, "-m", f"bench.{name}", *args],
