@@ -104,6 +104,7 @@ def arithmetic_adherence(plan: str, calls: Sequence[str]) -> float | None:
 # Task family -> how its plans are checked against the round's tool calls.
 ADHERENCE: dict[str, Callable[[str, Sequence[str]], float | None]] = {
     "arith": arithmetic_adherence,
+    "arith_distract": arithmetic_adherence,
     "gsm8k": arithmetic_adherence,
 }
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks.arith import make_arith_tasks
+from meta_agent.tasks.arith_distract import make_distract_tasks
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
 from meta_agent.tasks.types import Task
 
@@ -34,6 +35,7 @@ KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
     "aime24": ("test",),
     "amc23": ("test",),
     "arith": ("train", "test"),
+    "arith_distract": ("train", "test"),  # arith with distractor quantities, see arith_distract.py
 }
 
 # How many arith tasks `load_tasks` generates when no limit is given: enough for a training run,
@@ -62,6 +64,8 @@ def load_tasks(
         raise SettingError(f"limit must be >= 0 or None, got {limit}")
     if name == "arith":
         return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
+    if name == "arith_distract":
+        return make_distract_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
     to_task = _ROW_READERS[name]
     tasks = []
