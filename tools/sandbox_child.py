@@ -75,9 +75,9 @@ KEPT_FLAGS = {
 NETWORK_OFF = "network is disabled in the sandbox"
 WRITE_OFF = "writing outside the scratch folder is not allowed in the sandbox"
 
-# Syscall numbers of what the landlock level refuses, per architecture: (audit arch, pivot_root, table).
+# Syscall numbers of what the landlock level refuses (and pivot_root), per architecture: (audit arch, table).
 SYSCALLS = {
-    "x86_64": (0xC000003E, 155, {
+    "x86_64": (0xC000003E, {
         "socket": 41, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "unshare": 272,
         "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "bpf": 321,
         "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425, "keyctl": 250, "add_key": 248,
@@ -86,7 +86,7 @@ SYSCALLS = {
         "setregid": 114, "setresuid": 117, "setresgid": 119, "setfsuid": 122, "setfsgid": 123,
         "setgroups": 116, "capset": 126,
     }),
-    "aarch64": (0xC00000B7, 41, {
+    "aarch64": (0xC00000B7, {
         "socket": 198, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97,
         "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "bpf": 280,
         "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425, "keyctl": 219, "add_key": 217,
@@ -251,8 +251,7 @@ def build_root(scratch: str, limits: dict[str, int], owner: int | None) -> None:
             # MS_BIND makes this a per-mount flag; without it the remount would hit the filesystem.
             mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
     os.chdir(new_root)
-    pivot = SYSCALLS[os.uname().machine][1]
-    if libc.syscall(pivot, b".", b".") != 0:
+    if libc.syscall(SYSCALLS[os.uname().machine][1]["pivot_root"], b".", b".") != 0:
         raise fail("pivot_root")
     if libc.umount2(b".", MNT_DETACH) != 0:  # the host's tree is gone from this namespace
         raise fail("detaching the host's root")
@@ -333,7 +332,7 @@ def seccomp_deny(names: tuple[str, ...]) -> None:
     Needs no privilege once no_new_privs is set (done here too). Used by the landlock level, and by
     the tests to make a machine that refuses `unshare`.
     """
-    arch, _, table = SYSCALLS[os.uname().machine]
+    arch, table = SYSCALLS[os.uname().machine]
     load = lambda offset: (0x20, 0, 0, offset)  # noqa: E731 - BPF_LD|BPF_W|BPF_ABS
     deny, allow, kill = 0x00050000 | errno.EPERM, 0x7FFF0000, 0x80000000
     numbers = [table[name] for name in names]
