@@ -167,16 +167,25 @@ def make_arith_tasks(split: str, n: int, seed: int = 0, steps: int = 2) -> list[
     tasks: list[Task] = []
     seen: set[str] = set()
     while len(tasks) < n:
-        theme, pattern = rng.choice(THEMES), rng.choice(patterns)
-        numbers = _draw_numbers(rng, pattern)
-        if numbers is None:
-            continue
+        theme, pattern, numbers = draw_problem(rng, patterns)
         key = canonical_key(theme.name, pattern, numbers)
         if key in seen or split_of(key) != split:
             continue
         seen.add(key)
         tasks.append(_build_task(split, theme, pattern, numbers, key))
     return tasks
+
+
+def draw_problem(
+    rng: random.Random, patterns: list[tuple[str, ...]]
+) -> tuple[Theme, tuple[str, ...], list[tuple[int, ...]]]:
+    """One valid draw: a theme, one of `patterns` and its numbers (draws that break a rule are drawn
+    again). Families built on arith (arith_distract) draw their problems here too."""
+    while True:
+        theme, pattern = rng.choice(THEMES), rng.choice(patterns)
+        numbers = _draw_numbers(rng, pattern)
+        if numbers is not None:
+            return theme, pattern, numbers
 
 
 def op_patterns(steps: int) -> list[tuple[str, ...]]:

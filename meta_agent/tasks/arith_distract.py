@@ -26,11 +26,10 @@ import random
 
 from meta_agent.tasks.arith import (
     SPLITS,
-    THEMES,
     _build_task,
-    _draw_numbers,
     _draw_operand,
     canonical_key,
+    draw_problem,
     op_patterns,
     split_of,
 )
@@ -72,10 +71,7 @@ def make_distract_tasks(
     tasks: list[Task] = []
     seen: set[str] = set()
     while len(tasks) < n:
-        theme, pattern = rng.choice(THEMES), rng.choice(patterns)
-        numbers = _draw_numbers(rng, pattern)
-        if numbers is None:
-            continue
+        theme, pattern, numbers = draw_problem(rng, patterns)
         sentences = rng.sample(range(len(DISTRACTORS[theme.name])), distractors)
         values = [_draw_operand(rng) for _ in sentences]
         operands = {x for group in numbers for x in group}
