@@ -133,9 +133,9 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
         raise SettingError('meta-agent solve got an empty question: meta-agent solve "What is 12*34?"')
     overrides = overrides + [f"question={_quote(question)}"]
     cfg = load_config(overrides)
-    trained = None
-    if not any(o.split("=", 1)[0] == "adapters" for o in overrides):
-        trained = newest_trained_run(Path(cfg.run_dir).parent)
+    newest = newest_trained_run(Path(cfg.run_dir).parent)
+    chose = any(o.split("=", 1)[0] == "adapters" for o in overrides)  # adapters=<run>, or null: untrained
+    trained = None if chose else newest
     if trained is not None:
         # Its adapters with the settings it was trained with (adapter shapes, prompts, protocol).
         cfg = config_of_run(
@@ -156,11 +156,15 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
         )
     elif cfg.adapters is None:
         console.print(
-            "[yellow]the roles are untrained (fresh LoRA adapters on the base model): no trained run under "
-            f"{run_dir.parent} and no adapters= given.[/yellow] Train them with `make run` (later solves use "
-            "the newest trained run), or pass one with the settings it was trained with, e.g. "
-            f'meta-agent solve "..." experiment=arith_hierarchy adapters={newest_run_hint(run_dir.parent)}.'
-            + budget,
+            "[yellow]the roles are untrained (fresh LoRA adapters on the base model): "
+            + (
+                "adapters=null was given."
+                if chose
+                else f"no trained run under {run_dir.parent} and no adapters= given."
+            )
+            + "[/yellow] Train them with `make run` (later solves use the newest trained run), or pass one "
+            'with the settings it was trained with, e.g. meta-agent solve "..." experiment=arith_hierarchy '
+            f"adapters={newest or f'{run_dir.parent}/<run>'}." + budget,
             highlight=False,
         )
     with console.status("loading the backbone"):
@@ -180,12 +184,15 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
 
 
 def newest_trained_run(runs: Path) -> Path | None:
-    """The run folder under `runs` whose newest complete checkpoint is the newest, made by `train`."""
+    """The run folder under `runs` whose newest complete checkpoint is the newest, made by `train` or
+    `sft` (its config.yaml's first line says which command made it)."""
     found = []
     for config in runs.glob(f"*/{CONFIG_FILE}") if runs.is_dir() else []:
         run = config.parent
         try:
-            made_by_train = config.read_text(encoding="utf-8").startswith("# meta-agent train")
+            made_by_train = config.read_text(encoding="utf-8").startswith(
+                ("# meta-agent train", "# meta-agent sft")
+            )
             checkpoint = latest_checkpoint(run / CHECKPOINTS_DIR) if made_by_train else None
         except (OSError, UnicodeDecodeError, CheckpointError):
             continue  # unreadable or damaged: not a run to use unasked
@@ -205,12 +212,6 @@ def with_repetition_stop(cfg: Config, overrides: list[str]) -> Config:
                 role, sampling=replace(role.sampling, repetition_stop=SOLVE_REPETITION_STOP)
             )
     return replace(cfg, roles=roles)
-
-
-def newest_run_hint(runs: Path) -> str:
-    """The newest run folder under `runs` that holds checkpoints, or a placeholder naming the pattern."""
-    found = sorted(runs.glob("*/checkpoints"), key=lambda p: p.stat().st_mtime) if runs.is_dir() else []
-    return str(found[-1].parent) if found else f"{runs}/<run>"
 
 
 def context_length(system) -> int | None:

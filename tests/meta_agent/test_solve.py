@@ -52,7 +52,9 @@ def test_solve_uses_the_newest_trained_run_with_its_settings(tiny_model_dir, tmp
         f"run_dir={untrained}",
     ]
     assert main(["solve", QUESTION, *args]) == 0
-    assert "the roles are untrained" in " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the roles are untrained" in out and "adapters=null was given" in out
+    assert f"adapters={runs / 'newer'}" in out  # the hint names the trained run there is
 
 
 def test_solve_keeps_a_repetition_stop_the_command_line_sets(tiny_model_dir, tmp_path):
