@@ -114,9 +114,8 @@ def config_of_run(saved: Path, overrides: list[str], own: tuple[str, ...]) -> Co
     kept = {key: OmegaConf.select(cfg, key) for key in own}
     try:
         cfg.roles = {}  # the run's roles, not these merged with the default ones
-        OmegaConf.set_struct(
-            cfg, False
-        )  # a key the run's file has and this version lacks: to_config names it
+        # A key the run's file has and this version lacks is let in here; to_config names it.
+        OmegaConf.set_struct(cfg, False)
         cfg = OmegaConf.merge(
             cfg,
             OmegaConf.load(saved),

@@ -160,12 +160,7 @@ def build_system(
     if memory is None:
         # memory.enabled=false switches memory off everywhere, the memory_search tool included.
         roles = [replace(r, tools=tuple(t for t in r.tools if t != "memory_search")) for r in roles]
-    registry = default_registry(memory, cfg.tools)
-    for role in roles:
-        missing = [t for t in role.tools if t not in registry.names()]
-        if missing:
-            known = ", ".join(registry.names())
-            raise SettingError(f"roles.{role.name}.tools names {missing}, not registered; known: {known}")
+    registry = default_registry(memory, cfg.tools)  # every role's tool is in it: check_tools above
     if backbone is None:
         backbone = Backbone.load(cfg.model, cfg.role_adapters, ranks, seed=cfg.seed)
     if saved is not None:
