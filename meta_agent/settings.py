@@ -193,6 +193,14 @@ class Config:
                 "roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent"
             )
         check_roles(list(self.roles.values()))
+        several = self.train.updates_per_rollout * self.train.minibatches > 1
+        if several and self.model.fsdp and self.grpo.tis_cap is not None:
+            # Recording the rollout policy's logprobs is a forward pass per micro-batch, which a sharded
+            # backbone runs as a collective: not yet padded across ranks as the update passes are.
+            raise ValueError(
+                "train.updates_per_rollout or train.minibatches above 1 with model.fsdp=true and TIS "
+                "(grpo.tis_cap) is not supported yet: use one update per rollout there, or grpo.tis_cap=null"
+            )
         if self.grpo.reflection_credit == "round" and not any(
             role.kind == META_THINKER and role.reward.rewards_reflection for role in self.roles.values()
         ):

@@ -125,3 +125,12 @@ def test_truncated_importance_sampling_holds_over_several_updates(tokenizer):
         assert metrics[f"role/{role}/tis_weight_mean"] == pytest.approx(math.exp(-0.5), rel=1e-3)
         assert metrics[f"role/{role}/clip_fraction_first"] == 0.0
         assert metrics[f"role/{role}/ratio_mean_first"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_several_updates_on_a_sharded_backbone_with_tis_are_refused_at_load():
+    from meta_agent.config import load_config
+    from meta_agent.errors import SettingError
+
+    with pytest.raises(SettingError, match="model.fsdp=true and TIS"):
+        load_config(["model.fsdp=true", "train.updates_per_rollout=2"])
+    assert load_config(["model.fsdp=true", "train.minibatches=2", "grpo.tis_cap=null"]).train.minibatches == 2
