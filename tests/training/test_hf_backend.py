@@ -9,6 +9,7 @@ import torch
 
 from tests.conftest import ROLES
 from training.generation import BackendSettings, HFBackend, make_backend
+from training.generation.hf import _sample_top_p
 from training.types import GenerationRequest, SamplingParams
 
 from .sampling import surprise_z
@@ -211,3 +212,32 @@ def test_make_backend(tiny_backbone, monkeypatch):
         make_backend(tiny_backbone, BackendSettings(name="vllm"))
     with pytest.raises(ValueError, match="backend.name='nope' is not a generation backend"):
         BackendSettings(name="nope")
+
+
+def _draws(logprobs: torch.Tensor, top_p: float, candidates: int, n: int = 4000) -> torch.Tensor:
+    picks = [
+        _sample_top_p(logprobs, top_p, torch.Generator().manual_seed(seed), candidates) for seed in range(n)
+    ]
+    return torch.tensor(picks)
+
+
+def test_sampling_over_the_candidates_stays_exact_when_the_rest_holds_mass():
+    """Top 100 of 3000 tokens hold half the mass (each 0.005; the other 2900 share the rest): a quarter
+    of 4000 draws landing on tokens 0-49 and half on 100-2999, within 4 standard errors."""
+    probs = torch.cat([torch.full((100,), 0.5 / 100), torch.full((2900,), 0.5 / 2900)])
+    picks = _draws(probs.log(), 1.0, candidates=100)
+    for share, expected in (((picks < 50).float().mean(), 0.25), ((picks >= 100).float().mean(), 0.5)):
+        se = (expected * (1 - expected) / len(picks)) ** 0.5
+        assert abs(float(share) - expected) < 4 * se
+
+
+@pytest.mark.parametrize("candidates", [100, 2])  # the nucleus inside the candidates, and beyond them
+def test_nucleus_sampling_never_leaves_the_nucleus(candidates):
+    """0.2, 0.15, 0.1, 0.05, 0.04, then 460 tokens of 0.001: top_p=0.4 keeps the first three (0.35 before
+    the third, 0.45 before the fourth), drawn in proportion 4:3:2."""
+    probs = torch.cat([torch.tensor([0.2, 0.15, 0.1, 0.05, 0.04]), torch.full((460,), 0.001)])
+    picks = _draws(probs.log(), 0.4, candidates=candidates, n=3000)
+    assert int(picks.max()) <= 2
+    counts = torch.bincount(picks, minlength=3).float() / len(picks)
+    for share, expected in zip(counts.tolist(), (4 / 9, 3 / 9, 2 / 9), strict=True):
+        assert abs(share - expected) < 4 * (expected * (1 - expected) / len(picks)) ** 0.5

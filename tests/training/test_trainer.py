@@ -171,10 +171,16 @@ def test_sequence_level_ratio_is_the_same_with_any_micro_batch_size(tokenizer):
     """A sequence-level ratio pools over an episode's turns: micro-batching must not split them."""
     grpo = GRPOSettings(filter_zero_variance=False, ratio_level="sequence")
     # Two steps: the second has ratios != 1, where pooling matters.
-    small = adapters_after(tokenizer, 1, grpo, steps=2, two_turns=True)
-    big = adapters_after(tokenizer, 16, grpo, steps=2, two_turns=True)
+    norms: dict[int, dict] = {1: {}, 16: {}}
+    small = adapters_after(tokenizer, 1, grpo, steps=2, two_turns=True, metrics=norms[1])
+    big = adapters_after(tokenizer, 16, grpo, steps=2, two_turns=True, metrics=norms[16])
+    for role in ROLES:  # the second step's gradients: split pooling would change them
+        key = f"role/{role}/grad_norm"
+        assert norms[1][key] == pytest.approx(norms[16][key], rel=1e-4)
+    # As in test_gradient_accumulation_matches_one_big_batch: Adam turns float noise in near-zero
+    # gradients into steps of a few percent of lr = 1e-2 (seen: 8e-5 on 5 of 16,384 weights).
     for name, value in small.items():
-        assert torch.allclose(value, big[name], atol=1e-5), name
+        assert torch.allclose(value, big[name], atol=1e-3), name
 
 
 def test_logprob_mismatch_between_rollout_and_trainer_is_reported(tokenizer):
