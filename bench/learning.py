@@ -1,19 +1,43 @@
-"""Does it learn? Held-out accuracy of the untrained hierarchy, after SFT, after GRPO, and of the
-single-agent baseline trained with GRPO at an equal budget of generated tokens.
+"""Does it learn, over seeds? Held-out accuracy of the untrained hierarchy, after SFT and after GRPO; the
+single-agent baseline trained with GRPO at an equal budget of generated tokens; and what reflection and
+the plan do before and after GRPO (the probes), for each of `--seeds`.
 
-    python -m bench.learning                          # the default experiments, about 30 minutes on 2 cores
-    python -m bench.learning train.steps=6 sft.examples=128
+    python -m bench.learning --seeds 0,1,2,3          # the default experiment, four seeds
+    python -m bench.learning --seeds 4                # one more seed: the seeds already in the file stay
+    python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
 
-Writes bench/results/learning.json: `base`, `sft`, `grpo`, `single_agent_grpo` (held-out accuracy of
-the generated tool task, 0 to 1), `wall_seconds`, and the settings used. A measurement, not a test.
+Per seed: `experiment=arith_hierarchy seed=<s>` is trained as `meta-agent train` does it (timed: that is
+the default experiment's wall time), then `arith_single_agent` up to the same generated tokens, then one
+`meta-agent probe` of each adapter set (sft-best: before GRPO; the last checkpoint: after it) with two
+rounds allowed and the arms `no_reflection` and `no_plan`. The file is written after every part, so a
+stopped run keeps what it finished; seeds run before with the same overrides are kept and summarised
+with the new ones (other overrides: dropped, with a line saying so).
+
+Writes bench/results/learning.json:
+- `per_seed`: each seed's accuracies, seconds, generated tokens and probe summaries;
+- `seeds`, and the means over them of `base`, `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
+- `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
+  paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
+  intervals (none for one seed);
+- `probes`: per stage the mean self-correction, revise recall and precision, and each arm's mean
+  difference from the unmodified hierarchy with its interval over seeds;
+- `hierarchy_seconds_float32` and/or `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
+  which the CPU decides): the mean wall time of the default experiment per seed;
+- `targets`, `meets` (None where one seed cannot say), `settings`, `machine`, `wall_seconds`.
+A measurement, not a test. The reflection task (arith_distract) has no trained experiment yet: its
+`reflection_task` section is absent until one is measured.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import torch
 import transformers
@@ -21,68 +45,240 @@ import transformers
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.cli import start_run
 from meta_agent.config import load_config
+from meta_agent.stats import seed_interval
 from meta_agent.train import train
+from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
-# The issue's targets for the hierarchy on 2 CPU cores: the RL's own gain, within 20 minutes in all.
+HIERARCHY, SINGLE = "arith_hierarchy", "arith_single_agent"
+PROBE_ARMS = ("no_reflection", "no_plan")
+# The issue's targets for the default experiment on 2 CPU cores: the RL's own gain over seeds (mean, and
+# the interval's lower end above 0), and about 20 minutes a seed whatever the CPU.
 TARGETS = {"grpo_minus_base": 0.30, "grpo_minus_sft": 0.10, "hierarchy_seconds": 1200.0}
+PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_rate", "accept_given_wrong")
 
 
-def meets(base: float, sft: float, grpo: float, seconds: float) -> dict[str, bool]:
-    """Which targets a measurement meets (see TARGETS)."""
+def parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds takes integers joined by commas, e.g. 0,1,2,3, not {text!r}"
+        ) from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=parse_seeds, default=[0], help="seeds to run, e.g. 0,1,2,3 (0)")
+    p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
+    p.add_argument("--out", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")
+    p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
+    return p.parse_args(argv)
+
+
+def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, float], float, Path]:
+    """Train `experiment` as `meta-agent train` does: its final metrics, wall seconds and run folder."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    args = [f"experiment={experiment}", f"run_dir=runs/bench-learning-{tag}-{stamp}", *overrides]
+    started = time.perf_counter()
+    cfg, run_dir = start_run(load_config(args), args, "train")  # a train run, as solve and probe read it
+    final = train(cfg, run_dir)
+    return final, time.perf_counter() - started, run_dir
+
+
+def dtype_name(overrides: Sequence[str]) -> str:
+    """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides)."""
+    cfg = load_config([f"experiment={HIERARCHY}", *overrides])
+    return str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
+
+
+def probe_stage(run_dir: Path, adapters: Path, limit: int, overrides: Sequence[str], out: Path) -> dict:
+    """One `meta-agent probe` of `adapters` on the run's held-out task, two rounds allowed."""
+    from bench.reflection import probe, summary
+
+    args = [
+        f"experiment={HIERARCHY}",
+        *overrides,
+        "memory.enabled=false",
+        f"adapters={adapters}",
+        f"probe.limit={limit}",
+        f"probe.arms=[{','.join(PROBE_ARMS)}]",
+        "protocol.max_rounds=2",  # so that a reflection can revise, and no_reflection differs from the base
+    ]
+    found = summary(probe(args, out))
     return {
-        "grpo_minus_base": grpo - base >= TARGETS["grpo_minus_base"],
-        "grpo_minus_sft": grpo - sft >= TARGETS["grpo_minus_sft"],
-        "hierarchy_seconds": seconds <= TARGETS["hierarchy_seconds"],
+        "accuracy": found["accuracy"],
+        "reflection": {k: found["reflection"].get(k) for k in PROBE_KEPT},
+        "arms": {arm: found["arms"][arm]["difference"] for arm in PROBE_ARMS if arm in found["arms"]},
+        "seconds": found["wall_seconds"],
     }
 
 
-def run(experiment: str, overrides: list[str], tag: str) -> tuple[dict[str, float], float]:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    cfg = load_config([f"experiment={experiment}", f"run_dir=runs/bench-learning-{tag}-{stamp}", *overrides])
-    started = time.perf_counter()
-    final = train(cfg, start_run(cfg, f"train experiment={experiment} (bench/learning.py)"))
-    return final, time.perf_counter() - started
+def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
+    """Every part of one seed, `save()` after each: hierarchy, single agent at its budget, probes."""
+    overrides = [*args.overrides, f"seed={seed}"]
+    hierarchy, seconds, run_dir = run(HIERARCHY, overrides, f"hierarchy-seed{seed}")
+    record |= {
+        "seed": seed,
+        "overrides": list(args.overrides),
+        "run": str(run_dir),
+        "base": hierarchy["eval/accuracy_before"],
+        "sft": hierarchy.get("eval/accuracy_after_sft", hierarchy["eval/accuracy_before"]),
+        "grpo": hierarchy["eval/accuracy_after"],
+        "grpo_steps": hierarchy["train/grpo_steps"],
+        "generated_tokens": hierarchy["train/generated_tokens"],
+        "seconds": round(seconds, 1),
+        "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
+    }
+    save()
+    budget = int(hierarchy["train/generated_tokens"])
+    # The baseline gets as many GRPO rollout tokens as the hierarchy used, however many steps that takes.
+    single, single_s, _ = run(
+        SINGLE, [*overrides, f"train.token_budget={budget}", "train.steps=1000"], f"single-seed{seed}"
+    )
+    record |= {
+        "single_agent_grpo": single["eval/accuracy_after"],
+        "single_agent_sft": single.get("eval/accuracy_after_sft"),
+        "single_agent_generated_tokens": single["train/generated_tokens"],
+        "single_agent_seconds": round(single_s, 1),
+    }
+    save()
+    if args.probe_limit > 0:
+        latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+        record["probes"] = {}
+        for stage, adapters in (("before_grpo", "sft-best"), ("after_grpo", latest)):
+            record["probes"][stage] = probe_stage(
+                run_dir,
+                run_dir / "checkpoints" / adapters,
+                args.probe_limit,
+                overrides,
+                run_dir / "bench-learning-probe" / stage,
+            )
+            save()
+    return record
 
 
-def main(overrides: list[str]) -> dict:
+def interval_keys(name: str, diffs: Sequence[float]) -> dict[str, float | None]:
+    """`<name>_mean`, `<name>_ci_low`, `<name>_ci_high` of per-seed differences (None: no seeds / one)."""
+    if not diffs:
+        return {f"{name}_mean": None, f"{name}_ci_low": None, f"{name}_ci_high": None}
+    got = seed_interval(diffs)
+    return {
+        f"{name}_{k}": None if v is None else round(v, 4)
+        for k, v in (("mean", got.mean), ("ci_low", got.low), ("ci_high", got.high))
+    }
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
+
+
+def summarize(per_seed: Sequence[dict]) -> dict:
+    """The means and seed-paired intervals of finished per-seed records (see the module doc)."""
+    trained = [r for r in per_seed if "grpo" in r]
+    both = [r for r in trained if "single_agent_grpo" in r]
+    out: dict = {"seeds": [r["seed"] for r in trained]}
+    for key in ("base", "sft", "grpo"):
+        out[key] = mean_of([r[key] for r in trained])
+    for key in ("single_agent_grpo", "single_agent_sft"):
+        out[key] = mean_of([r.get(key) for r in both])
+    out |= interval_keys("grpo_minus_sft", [r["grpo"] - r["sft"] for r in trained])
+    out |= interval_keys("hierarchy_minus_single", [r["grpo"] - r["single_agent_grpo"] for r in both])
+    for dtype in sorted({r["dtype"] for r in trained}):  # seeds may come from CPUs of both kinds
+        out[f"hierarchy_seconds_{dtype}"] = mean_of([r["seconds"] for r in trained if r["dtype"] == dtype])
+    probes: dict = {}
+    for stage in ("before_grpo", "after_grpo"):
+        found = [r["probes"][stage] for r in trained if stage in r.get("probes", {})]
+        if not found:
+            continue
+        probes[stage] = {
+            "seeds": len(found),
+            "accuracy": mean_of([p["accuracy"] for p in found]),
+            **{k: mean_of([p["reflection"].get(k) for p in found]) for k in PROBE_KEPT},
+        }
+        for arm in PROBE_ARMS:
+            diffs = [p["arms"][arm] for p in found if p["arms"].get(arm) is not None]
+            probes[stage] |= interval_keys(f"{arm}_minus_base", diffs)
+    out["probes"] = probes
+    return out
+
+
+def meets(summary: dict) -> dict[str, bool | None]:
+    """Which targets the summary meets (see TARGETS); None where it cannot say (no interval, no run).
+    The time target holds on every kind of CPU the seeds ran on."""
+    gain, low = summary["grpo_minus_sft_mean"], summary["grpo_minus_sft_ci_low"]
+    times = [v for k, v in summary.items() if k.startswith("hierarchy_seconds_")]
+    seconds = max(times, default=None)
+    return {
+        "grpo_minus_base": None
+        if summary["grpo"] is None
+        else summary["grpo"] - summary["base"] >= TARGETS["grpo_minus_base"],
+        "grpo_minus_sft": None if low is None else gain >= TARGETS["grpo_minus_sft"] and low > 0,
+        "hierarchy_seconds": None if seconds is None else seconds <= TARGETS["hierarchy_seconds"],
+    }
+
+
+def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
+    """The file's per-seed records worth keeping: same overrides, and not about to be rerun."""
+    kept, dropped = [], []
+    for record in old.get("per_seed", []):
+        if record.get("seed") in args.seeds:
+            continue
+        (kept if record.get("overrides") == list(args.overrides) else dropped).append(record)
+    if dropped:
+        print(
+            f"note: dropping seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran with other "
+            f"overrides than {list(args.overrides)}",
+            flush=True,
+        )
+    return kept
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
     started = time.perf_counter()
+    old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     machine = machine_info(  # before the runs: the load average says whether the machine was free
         torch=torch.__version__,
         transformers=transformers.__version__,
         torch_threads=str(torch.get_num_threads()),
     )
-    hierarchy, hierarchy_s = run("arith_hierarchy", overrides, "hierarchy")
-    budget = int(hierarchy["train/generated_tokens"])
-    # The baseline gets as many GRPO rollout tokens as the hierarchy used, however many steps that takes.
-    single, single_s = run(
-        "arith_single_agent", [*overrides, f"train.token_budget={budget}", "train.steps=1000"], "single"
-    )
-    result = {
-        "base": hierarchy["eval/accuracy_before"],
-        "sft": hierarchy.get("eval/accuracy_after_sft", hierarchy["eval/accuracy_before"]),
-        "grpo": hierarchy["eval/accuracy_after"],
-        "single_agent_grpo": single["eval/accuracy_after"],
-        "single_agent_sft": single.get("eval/accuracy_after_sft"),
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "targets": TARGETS,
-        "settings": {
-            "experiments": ["arith_hierarchy", "arith_single_agent"],
-            "overrides": overrides,
-            "generated_token_budget": budget,
-            "hierarchy": {"grpo_steps": hierarchy["train/grpo_steps"], "seconds": round(hierarchy_s, 1)},
-            "single_agent": {
-                "grpo_steps": single["train/grpo_steps"],
-                "generated_tokens": single["train/generated_tokens"],
-                "seconds": round(single_s, 1),
+    args.dtype = dtype_name(args.overrides)
+    per_seed = kept_seeds(old, args)
+    result: dict = {}
+
+    def save() -> None:
+        nonlocal result
+        summary = summarize(per_seed)
+        machine["load_average_1m_now"] = round(os.getloadavg()[0], 2)
+        result = {
+            **summary,
+            "per_seed": [r for r in per_seed if r],  # a seed appears once its hierarchy ran
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "targets": TARGETS,
+            "meets": meets(summary),
+            "settings": {
+                "experiments": [HIERARCHY, SINGLE],
+                "overrides": list(args.overrides),
+                "dtype": args.dtype,
+                "single_agent": "GRPO until it has generated as many tokens as the hierarchy's GRPO did",
+                "eval": "held-out arith test split (drawn with the seed), greedy, train.eval_limit problems",
+                "probes": f"meta-agent probe, {args.probe_limit} held-out problems, greedy, memory off, "
+                f"two rounds allowed, arms {list(PROBE_ARMS)}; sft-best (before) and the last checkpoint",
+                "intervals": "95% Student's t over seeds of per-seed paired differences",
             },
-            "eval": "held-out arith test split, greedy, train.eval_limit problems",
-        },
-        "machine": machine,
-    }
-    result["meets"] = meets(result["base"], result["sft"], result["grpo"], hierarchy_s)
-    result = write_result(result, RESULTS)
-    print(json.dumps(result, indent=2))
+            "machine": machine,
+        }
+        result = write_result(result, args.out)
+
+    for seed in args.seeds:
+        record: dict = {}
+        per_seed.append(record)
+        seed_run(seed, args, record, save)
+        print(json.dumps(record, indent=1), flush=True)
+    save()
+    print(json.dumps({k: v for k, v in result.items() if k != "per_seed"}, indent=2))
     return result
 
 

@@ -55,6 +55,7 @@ from meta_agent.config import load_config
 from meta_agent.demos import arith_actions
 from meta_agent.runner import request_seed
 from meta_agent.settings import Config
+from meta_agent.stats import seed_interval
 from meta_agent.system import System, build_system
 from meta_agent.tasks import load_tasks
 from roles import meta_thinker
@@ -343,7 +344,7 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
     for seed in args.seeds:
         for name in args.backends:
             overrides = [*args.overrides, f"seed={seed}", f"backend.name={name}"]
-            final, seconds = run(EXPERIMENT, overrides, f"vllm-bench-{name}-seed{seed}")
+            final, seconds, _ = run(EXPERIMENT, overrides, f"vllm-bench-{name}-seed{seed}")
             runs[name][str(seed)] = {
                 "base": final["eval/accuracy_before"],
                 "sft": final.get("eval/accuracy_after_sft"),
@@ -359,10 +360,6 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
     return section
 
 
-# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 paired seeds (1.96 beyond).
-T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
-
-
 def paired_difference(hf: Sequence[float], vllm: Sequence[float]) -> dict[str, float]:
     """vLLM minus hf accuracy over seeds run on both, paired by seed (each seed fixes the SFT data, the
     task order and the held-out problems of both runs): the mean difference, its standard error and the
@@ -371,8 +368,12 @@ def paired_difference(hf: Sequence[float], vllm: Sequence[float]) -> dict[str, f
     k = len(diffs)
     if k < 2:
         raise ValueError(f"a paired comparison needs at least 2 seeds, got {k}")
-    se = statistics.stdev(diffs) / k**0.5
-    return {"mean": statistics.mean(diffs), "se": se, "ci95": T_975.get(k, 1.96) * se}
+    interval = seed_interval(diffs)
+    return {
+        "mean": interval.mean,
+        "se": statistics.stdev(diffs) / k**0.5,
+        "ci95": interval.high - interval.mean,
+    }
 
 
 def compare(runs: dict[str, dict[str, dict]], overrides: Sequence[str]) -> dict:

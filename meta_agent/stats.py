@@ -100,3 +100,31 @@ def sign_test(better: int, worse: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 seeds (1.96 beyond).
+T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+
+
+@dataclass(frozen=True)
+class SeedInterval:
+    """The mean over seeds of one per-seed difference (each seed's two runs share its data and problems)
+    and its 95% interval (Student's t on k - 1 degrees of freedom); no interval for a single seed."""
+
+    mean: float
+    low: float | None
+    high: float | None
+    seeds: int
+
+
+def seed_interval(diffs: Sequence[float]) -> SeedInterval:
+    """`diffs` holds one paired difference per seed (e.g. GRPO minus SFT accuracy of the same run)."""
+    k = len(diffs)
+    if k == 0:
+        raise ValueError("an interval over seeds needs at least one seed")
+    mean = sum(diffs) / k
+    if k == 1:
+        return SeedInterval(mean, None, None, 1)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (k - 1))
+    half = T_975.get(k, Z_95) * sd / math.sqrt(k)
+    return SeedInterval(mean, mean - half, mean + half, k)

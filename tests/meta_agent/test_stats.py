@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from meta_agent.stats import majority, mean_interval, paired_difference, pass_at_k, sign_test
+from meta_agent.stats import (
+    SeedInterval,
+    majority,
+    mean_interval,
+    paired_difference,
+    pass_at_k,
+    seed_interval,
+    sign_test,
+)
 
 
 def test_pass_at_k_by_hand():
@@ -58,3 +66,19 @@ def test_paired_difference_counts_and_interval():
     wide = paired_difference(arm, base, resamples=2000, seed=1)
     narrow = paired_difference(arm * 16, base * 16, resamples=2000, seed=1)
     assert (narrow.high - narrow.low) == pytest.approx((wide.high - wide.low) / math.sqrt(16), rel=0.3)
+
+
+def test_seed_interval_by_hand():
+    """Differences 0.3, 0.1, 0.2, 0.0: mean 0.15, sd sqrt(0.05/3) = 0.1291, se 0.06455, t(3) = 3.182,
+    half-width 0.2054: [-0.0554, 0.3554]."""
+    got = seed_interval([0.3, 0.1, 0.2, 0.0])
+    assert got.mean == pytest.approx(0.15)
+    assert got.low == pytest.approx(-0.05540, abs=1e-4)
+    assert got.high == pytest.approx(0.35540, abs=1e-4)
+    assert got.seeds == 4
+
+
+def test_seed_interval_of_one_seed_has_no_width_and_none_is_refused():
+    assert seed_interval([0.25]) == SeedInterval(0.25, None, None, 1)
+    with pytest.raises(ValueError, match="at least one seed"):
+        seed_interval([])

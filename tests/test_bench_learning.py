@@ -1,0 +1,87 @@
+"""bench/learning.py's summary over seeds, checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.learning import kept_seeds, meets, parse_args, summarize
+
+PROBE = {"accuracy": 0.5, "reflection": {"self_correction": 0.1, "revise_recall": None}, "arms": {}}
+
+
+def record(seed, sft, grpo, single=None, overrides=(), **more):
+    out = {
+        "seed": seed,
+        "overrides": list(overrides),
+        "base": 0.0,
+        "sft": sft,
+        "grpo": grpo,
+        "seconds": 600.0,
+        "dtype": "float32",
+    }
+    if single is not None:
+        out["single_agent_grpo"] = single
+    return out | more
+
+
+def test_two_seeds_by_hand():
+    """GRPO - SFT: 0.2 and 0.0, mean 0.1, sd 0.1414, se 0.1, t(1) = 12.706: [-1.1706, 1.3706].
+    Hierarchy - single: 0.1 and -0.1, mean 0, half-width 1.2706."""
+    probes = {"before_grpo": {**PROBE, "arms": {"no_reflection": -0.25}}}
+    seeds = [record(0, 0.5, 0.7, 0.6, probes=probes), record(1, 0.6, 0.6, 0.7)]
+    got = summarize(seeds)
+    assert got["seeds"] == [0, 1]
+    assert (got["sft"], got["grpo"], got["single_agent_grpo"]) == (0.55, 0.65, 0.65)
+    assert got["grpo_minus_sft_mean"] == pytest.approx(0.1)
+    assert (got["grpo_minus_sft_ci_low"], got["grpo_minus_sft_ci_high"]) == (-1.1706, 1.3706)
+    assert got["hierarchy_minus_single_mean"] == pytest.approx(0.0)
+    assert got["hierarchy_minus_single_ci_high"] == 1.2706
+    assert got["hierarchy_seconds_float32"] == 600.0
+    before = got["probes"]["before_grpo"]  # one seed probed: a mean, no interval
+    assert before["seeds"] == 1 and before["self_correction"] == 0.1 and before["revise_recall"] is None
+    assert (before["no_reflection_minus_base_mean"], before["no_reflection_minus_base_ci_low"]) == (
+        -0.25,
+        None,
+    )
+    assert "after_grpo" not in got["probes"]
+    assert meets(got) == {
+        "grpo_minus_base": True,
+        "grpo_minus_sft": False,
+        "hierarchy_seconds": True,
+    }
+
+
+def test_one_seed_cannot_say_whether_the_gain_holds():
+    got = summarize([record(0, 0.5, 0.75)])
+    assert got["grpo_minus_sft_mean"] == 0.25 and got["grpo_minus_sft_ci_low"] is None
+    assert got["hierarchy_minus_single_mean"] is None and got["single_agent_grpo"] is None
+    assert meets(got)["grpo_minus_sft"] is None
+    assert summarize([{}])["seeds"] == []  # a seed whose hierarchy has not finished
+
+
+def test_time_is_kept_per_kind_of_cpu_and_the_target_holds_on_every_kind():
+    got = summarize([record(0, 0.5, 0.6), record(1, 0.5, 0.6, seconds=1500.0, dtype="bfloat16")])
+    assert (got["hierarchy_seconds_float32"], got["hierarchy_seconds_bfloat16"]) == (600.0, 1500.0)
+    assert meets(got)["hierarchy_seconds"] is False
+
+
+def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_path):
+    old = {
+        "per_seed": [
+            record(0, 0.5, 0.6),
+            record(1, 0.5, 0.6),
+            record(2, 0.5, 0.6, overrides=["train.steps=6"]),
+        ]
+    }
+    args = argparse.Namespace(seeds=[1], overrides=[], out=tmp_path / "learning.json")
+    assert [r["seed"] for r in kept_seeds(old, args)] == [0]
+    assert "dropping seeds [2]" in capsys.readouterr().out
+
+
+def test_bad_seeds_are_one_clear_line(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--seeds", "0,one"])
+    assert stop.value.code == 2
+    assert "--seeds takes integers joined by commas" in capsys.readouterr().err
