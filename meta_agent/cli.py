@@ -56,7 +56,7 @@ commands:
   eval               evaluate on benchmark tasks; prints accuracy per task, writes traces.jsonl
   train              SFT warm start (if the experiment has one), then joint multi-agent GRPO
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
-  demos              write sft.examples demonstrations of sft.source (arith | gsm8k) to demos_out,
+  demos              write sft.examples demonstrations of sft.source (arith | arith_distract | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
   probe              counterfactual arms (plan removed, another problem's plan, no reflection, two
                      checkpoints' roles mixed, executors alone) against the hierarchy; probe.json, probe.md

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 from meta_agent.demo_script import (
     GRAMMAR,
     DemoScript,
+    Revision,
     Segment,
     answer_text,
     calculate,
@@ -23,11 +25,14 @@ from meta_agent.demo_script import (
     join_words,
     plan_text,
     reflection_text,
+    revision_text,
 )
 from meta_agent.tasks import Task
 from roles import Grammar
 
-STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
+STYLES = ("one_call", "steps")
+# arith_distract: the share of demonstrations whose first round folds a distractor in and is revised
+REVISE_SHARE = 0.5  # arith: the whole expression in one call, or one call per operation
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
@@ -157,3 +162,55 @@ def _step_calls(ops, grammar: Grammar) -> tuple[tuple[Segment, ...], str]:
             "div": (f"{result} / {c}", f"Then I divide by {c}."),
         }[kind]
     return (*segments, Segment(answer_text(result, grammar))), result
+
+
+def distract_actions(
+    task: Task,
+    style: str | None = None,
+    seed: int = 0,
+    grammar: Grammar = GRAMMAR,
+    revise: bool | None = None,
+) -> DemoScript:
+    """The demonstration of an arith_distract task (meta["distractors"]): the arith demonstration,
+    and with `revise` (None: drawn from `seed` and the task id, REVISE_SHARE of them) a first round
+    before it in which the executor adds the first distractor, as a small executor does. The
+    meta-thinker's reflection then quotes the sentence the number comes from, says the asked
+    quantity does not depend on it, and revises the plan with a step that leaves it out; the second
+    round is the arith demonstration's work, accepted. That first round's work is never learned."""
+    script = arith_actions(task, style, seed, grammar)
+    if revise is None:
+        revise = random.Random(f"revise|{seed}|{task.id}").random() < REVISE_SHARE
+    if not revise:
+        return script
+    distractor = f"{task.meta['distractors'][0]:,}"
+    sentence = next(s.strip() for s in task.question.split(". ") if distractor in s).rstrip(".") + "."
+    if script.style == "one_call":
+        whole = f"{_written(arith_ops(task.meta['expression']))} + {distractor}"
+        wrong = calculate(whole)
+        text = f"I write the whole calculation as one expression.\n{call_text(whole, grammar)}"
+        work: tuple[Segment, ...] = (Segment(text, wrong),)
+    else:
+        last = script.work[-2].result  # the result of the last operation, before the answer segment
+        wrong = calculate(f"{last} + {distractor}")
+        text = f"Then I add {distractor}.\n{call_text(f'{last} + {distractor}', grammar)}"
+        work = (*script.work[:-1], Segment(text, wrong))
+    if wrong == script.answer:
+        raise ValueError(f"{task.id}: adding the distractor {distractor} leaves the answer as it was")
+    reflection = revision_text(
+        f'The executor added {distractor}, a number the question gives only in "{sentence}" The asked '
+        "quantity does not depend on it, so the answer is wrong.",
+        "Use only the numbers the asked quantity depends on, and leave out numbers about anything else.",
+        with_step(script.plan, f"Leave out {distractor}: the asked quantity does not depend on it.", grammar),
+        grammar,
+    )
+    revision = Revision((*work, Segment(answer_text(wrong, grammar))), reflection)
+    return replace(script, revision=revision)
+
+
+def with_step(plan: str, step: str, grammar: Grammar = GRAMMAR) -> str:
+    """A tagged plan with one more step at its end, numbered or bulleted as its steps are."""
+    body = plan.removeprefix(grammar.plan[0]).removesuffix(grammar.plan[1])
+    lines = body.split("\n")
+    number = re.match(r"(\d+)\. ", lines[-1])
+    bullet = f"{int(number[1]) + 1}. " if number else "- "
+    return f"{grammar.plan[0]}{body}\n{bullet}{step}{grammar.plan[1]}"

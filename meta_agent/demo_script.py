@@ -30,6 +30,18 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Revision:
+    """A first round gone wrong as a small executor's often goes, and the reflection that catches it.
+
+    `work` is that round's first executor turn: played, so the reflection reads it, but never learned
+    (its loss mask is 0: SFT must not teach the mistake). `reflection` names the mistake and carries
+    a revised plan, which starts the second round."""
+
+    work: tuple[Segment, ...]
+    reflection: str  # reflection, lesson and a revised plan (tags included): a revise verdict
+
+
+@dataclass(frozen=True)
 class DemoScript:
     """The ideal text of every role turn of one task."""
 
@@ -40,6 +52,8 @@ class DemoScript:
     check: tuple[Segment, ...]  # any later executor (checker): one check call, then the answer
     reflection: str  # reflection, lesson and an accepting verdict
     answer: str
+    # A first round that goes wrong and is revised; then `work` and `reflection` are the second round's.
+    revision: Revision | None = None
 
 
 GENERIC_PLAN = (
@@ -87,6 +101,12 @@ def reflection_text(reflection: str, lesson: str, grammar: Grammar) -> str:
         grammar.verdict,
     )
     return f"{r_open}{reflection}{r_close}{l_open}{lesson}{l_close}{v_open}accept{v_close}"
+
+
+def revision_text(reflection: str, lesson: str, plan: str, grammar: Grammar) -> str:
+    """A tagged reflection and lesson, then a revised (tagged) plan: the verdict "revise"."""
+    (r_open, r_close), (l_open, l_close) = grammar.reflection, grammar.lesson
+    return f"{r_open}{reflection}{r_close}{l_open}{lesson}{l_close}{plan}"
 
 
 def answer_text(value: str, grammar: Grammar) -> str:

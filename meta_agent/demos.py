@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from meta_agent.chat import ChatFormat
-from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops
+from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops, distract_actions
 from meta_agent.demo_gsm8k import MAX_PLAN_STEPS, gsm8k_actions
 from meta_agent.demo_script import (
     GENERIC_PLAN,
@@ -33,11 +33,11 @@ from meta_agent.demo_script import (
     calculate,
     plan_text,
 )
-from meta_agent.episode import PLAN, REFLECT, Episode, Limits
+from meta_agent.episode import EXECUTE, PLAN, REFLECT, Episode, Limits
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
-from roles import RoleSpec
+from roles import RoleSpec, meta_thinker
 from tools.registry import ToolRegistry
 from training.types import Turn
 
@@ -54,6 +54,7 @@ __all__ = [
     "DemoScript",
     "Segment",
     "arith_actions",
+    "distract_actions",
     "arith_ops",
     "calculate",
     "demo_path",
@@ -67,7 +68,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("arith", "gsm8k")
+SOURCES = ("arith", "arith_distract", "gsm8k")
 TURN_FIELDS = ("role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode")
 
 
@@ -83,6 +84,8 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
 
     The meta-thinker gets the plan and the reflection, the first executor `script.work`, later
     executors `script.check`; each executor segment is fed on its own, as a rollout generates it.
+    With `script.revision` the first round's first executor plays its work and the meta-thinker
+    revises; that work's loss mask is then set to 0 (shown to the reflection, never learned).
     Returns the finished episode; raises DemoError if any step did not go as scripted or the
     episode did not end correct, untruncated, without tool errors and without a leak.
     """
@@ -90,6 +93,10 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
         raise ValueError(f"script for {script.task_id} played on task {task.id}")
     episode = factory.new(task) if isinstance(factory, EpisodeFactory) else factory(task)
     executors = [r.name for r in episode.executors]
+
+    def revising(ep: Episode) -> bool:  # in the first round of a script that revises it
+        return script.revision is not None and ep.round == 0
+
     while not episode.done:
         turn = episode.current
         assert turn is not None
@@ -97,13 +104,25 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
             _act(episode, script.plan)
             if not turn.format_ok:
                 raise DemoError(f"{task.id}: the plan was not read as a tagged plan: {script.plan!r}")
+        elif turn.kind == REFLECT and revising(episode):
+            _act(episode, script.revision.reflection)
+            if episode.done or episode.round != 1:
+                raise DemoError(
+                    f"{task.id}: the revising reflection did not start a second round (a revision "
+                    f"needs protocol.max_rounds >= 2, got {episode.limits.max_rounds})"
+                )
         elif turn.kind == REFLECT:
             _act(episode, script.reflection)
             if not episode.done:
                 raise DemoError(f"{task.id}: the reflection did not end the episode (revised instead?)")
+        elif executors.index(turn.role) == 0:
+            _play_executor(episode, script.revision.work if revising(episode) else script.work)
         else:
-            segments = script.work if executors.index(turn.role) == 0 else script.check
-            _play_executor(episode, segments)
+            _play_executor(episode, script.check)
+    if script.revision is not None:
+        for t in episode.turns:
+            if t.kind == EXECUTE and t.round == 0:
+                t.mask = [0] * len(t.mask)  # the mistake the reflection caught is not taught
     problems = [
         what
         for what, bad in (
@@ -174,7 +193,7 @@ def make_demos(
     limits: Limits | None = None,
     data_dir: Path | str | None = None,
 ) -> list[Episode]:
-    """`n` finished demonstration episodes from the train split of `name` ("arith" or "gsm8k").
+    """`n` finished demonstration episodes from the train split of `name` ("arith", "arith_distract" or "gsm8k").
 
     arith: problems of 2-4 operations in turn, each in a style drawn from `seed`. gsm8k: rows in
     file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit `limits`
@@ -195,6 +214,14 @@ def make_demos(
         batches = [make_arith_tasks("train", per, seed=seed, steps=s) for s in ARITH_STEPS]
         tasks = [t for group in zip(*batches, strict=True) for t in group][:n]
         return [play_demo(arith_actions(t, seed=seed, grammar=grammar), t, factory) for t in tasks]
+    if name == "arith_distract":  # REVISE_SHARE of them caught and revised, where a meta-thinker reflects
+        tasks = load_tasks("arith_distract", "train", limit=n, seed=seed)
+        # Only a meta-thinker with a second round to give can revise; otherwise every demonstration accepts.
+        revise = None if meta_thinker(roles) is not None and limits.max_rounds >= 2 else False
+        return [
+            play_demo(distract_actions(t, seed=seed, grammar=grammar, revise=revise), t, factory)
+            for t in tasks
+        ]
     episodes: list[Episode] = []
     skipped = 0
     for task in load_tasks("gsm8k", "train", data_dir=data_dir):
@@ -221,7 +248,7 @@ def write_demos(episodes: Sequence[Episode], path: Path | str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for i, ep in enumerate(episodes):
-            texts = [t.text for t in ep.turns if t.completion_ids]
+            texts = [t.text for t in ep.turns if any(t.mask)]  # the turns training_turns keeps
             for turn, text in zip(ep.training_turns(i), texts, strict=True):
                 row = {key: getattr(turn, key) for key in TURN_FIELDS}
                 f.write(json.dumps({**row, "text": text}) + "\n")

@@ -388,7 +388,9 @@ class Episode:
                 advantage=t.advantage or 0.0,
             )
             for t in self.turns
-            if t.completion_ids
+            if any(
+                t.mask
+            )  # a turn with no token to learn from (a demonstration's caught mistake) is left out
         ]
 
     @property

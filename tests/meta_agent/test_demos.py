@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from meta_agent.demo_arith import with_step
 from meta_agent.demos import (
     GENERIC_PLAN,
     DemoError,
@@ -15,6 +16,7 @@ from meta_agent.demos import (
     arith_actions,
     arith_ops,
     demo_path,
+    distract_actions,
     gsm8k_actions,
     make_demos,
     plan_text,
@@ -242,3 +244,73 @@ def test_plan_text_avoids_stating_small_answers():
 def test_make_demos_rejects_unknown_sources(role_sets, chat, registry):
     with pytest.raises(ValueError, match=r"sft.source=math500 is neither .* nor a .jsonl file"):
         make_demos("math500", 1, role_sets["hierarchy"], chat, registry)
+
+
+TWO_ROUNDS = Limits(max_rounds=2, max_new_tokens=768)  # as configs/experiment/distract_hierarchy.yaml
+
+
+@pytest.fixture(scope="module")
+def distract(role_sets, chat, registry):
+    return make_demos("arith_distract", 8, role_sets["hierarchy"], chat, registry, limits=TWO_ROUNDS)
+
+
+def test_distract_demos_catch_the_distractor_and_revise(distract, chat):
+    """About half revise: round 1 adds the distractor (wrong), the reflection quotes its sentence and
+    revises, round 2 is right and accepted; that first work is played but has nothing to learn."""
+    revised = [ep for ep in distract if len(ep.rounds) == 2]
+    assert 0 < len(revised) < len(distract)
+    for ep in distract:
+        assert ep.done and ep.correct and not ep.truncated and not ep.leaked and ep.tool_errors == 0
+    for ep in revised:
+        distractor = f"{ep.task.meta['distractors'][0]:,}"
+        assert [(t.kind, t.round) for t in ep.turns] == [
+            ("plan", 0),
+            ("execute", 0),
+            ("reflect", 0),
+            ("execute", 1),
+            ("reflect", 1),
+        ]
+        first, reflect = ep.turns[1], ep.turns[2]
+        assert not ep.rounds[0].correct and ep.rounds[1].correct
+        assert ep.rounds[0].verdict == "revise" and ep.rounds[1].verdict == "accept"
+        assert distractor in first.tool_calls[-1].arguments and set(first.mask) == {0}
+        assert distractor in reflect.text and "<plan>" in reflect.text
+        assert distractor not in json.dumps([c.arguments for c in ep.turns[3].tool_calls])
+        roles = [(t.role, t.round) for t in ep.turns if any(t.mask)]
+        assert [(t.role, len(t.loss_mask)) for t in ep.training_turns(0)] == [
+            (t.role, len(t.mask)) for t in ep.turns if any(t.mask)
+        ]
+        assert ("executor", 0) not in roles  # the mistake is not taught
+    for ep in distract:
+        if len(ep.rounds) == 1:
+            assert ep.rounds[0].verdict == "accept" and [t.kind for t in ep.turns] == [
+                "plan",
+                "execute",
+                "reflect",
+            ]
+
+
+def test_distract_demos_round_trip_without_the_caught_mistake(distract, tmp_path):
+    path = write_demos(distract, tmp_path / "distract.jsonl")
+    assert read_demos(path) == [turn for i, ep in enumerate(distract) for turn in ep.training_turns(i)]
+
+
+def test_a_revision_needs_a_second_round_and_a_lone_executor_never_revises(role_sets, chat, registry):
+    task = load_tasks("arith_distract", "train", limit=1)[0]
+    one_round = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=1))
+    with pytest.raises(DemoError, match="protocol.max_rounds >= 2"):
+        play_demo(distract_actions(task, revise=True), task, one_round)
+    alone = make_demos("arith_distract", 6, role_sets["single_agent"], chat, registry)
+    assert all(ep.correct and [t.kind for t in ep.turns] == ["execute"] for ep in alone)
+    once = make_demos(
+        "arith_distract", 6, role_sets["hierarchy"], chat, registry, limits=Limits(max_rounds=1)
+    )
+    assert all(ep.correct and len(ep.rounds) == 1 for ep in once)  # no second round: no revision shown
+
+
+def test_with_step_numbers_or_bullets_as_the_plan_does():
+    assert (
+        with_step("<plan>1. Add 2.\n2. Add 3.</plan>", "Stop.")
+        == "<plan>1. Add 2.\n2. Add 3.\n3. Stop.</plan>"
+    )
+    assert with_step("<plan>- Add 2.</plan>", "Stop.") == "<plan>- Add 2.\n- Stop.</plan>"
