@@ -84,9 +84,12 @@ BENCH_CPU ?= sandbox faiss_memory rollout memory_peak trl_grpo
 bench: bench-setup
 	for name in $(BENCH_CPU); do HF_HUB_OFFLINE=1 $(PY) -m bench.$$name || exit 1; done
 
-# Does SFT then GRPO learn, and what does the hierarchy cost? About 26 minutes on 2 cores.
+# Does SFT then GRPO learn over seeds, and what does the hierarchy cost? Per seed: the hierarchy, the
+# single agent at its token budget and two probes. TASK=reflection: the arith_distract experiments.
+SEEDS ?= 0,1,2,3
+TASK ?= default
 bench-learning: setup
-	$(PY) -m bench.learning
+	HF_HUB_OFFLINE=1 $(PY) -m bench.learning --task $(TASK) --seeds $(SEEDS)
 
 # What reflection does in a finished run of the default experiment, before and after GRPO (the probes of
 # both adapter sets), into bench/results/reflection.json: make bench-reflection RUN=runs/arith_hierarchy-X

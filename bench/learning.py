@@ -2,19 +2,22 @@
 single-agent baseline trained with GRPO at an equal budget of generated tokens; and what reflection and
 the plan do before and after GRPO (the probes), for each of `--seeds`.
 
-    python -m bench.learning --seeds 0,1,2,3          # the default experiment, four seeds
-    python -m bench.learning --seeds 4                # one more seed: the seeds already in the file stay
+    python -m bench.learning --seeds 0,1,2,3                  # the default experiment, four seeds
+    python -m bench.learning --seeds 4                        # one more: the seeds in the file stay
+    python -m bench.learning --task reflection --seeds 0,1,2,3    # the reflection task (arith_distract)
     python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
 
-Per seed: `experiment=arith_hierarchy seed=<s>` is trained as `meta-agent train` does it (timed: that is
-the default experiment's wall time), then `arith_single_agent` up to the same generated tokens, then one
+Per seed: the task's hierarchy experiment (`--task default`: arith_hierarchy; `reflection`:
+distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (timed: that is the
+experiment's wall time), then its single-agent experiment up to the same generated tokens, then one
 `meta-agent probe` of each adapter set (sft-best: before GRPO; the last checkpoint: after it) with two
-rounds allowed and the arms `no_reflection` and `no_plan`. The file is written after every part, so a
-stopped run keeps what it finished; seeds run before with the same overrides are kept and summarised
-with the new ones (other overrides: dropped, with a line saying so).
+rounds allowed and the arms `no_reflection` (one round) and `no_plan`. The file is written after every
+part, so a stopped run keeps what it finished; seeds run before with the same overrides are kept and
+summarised with the new ones (other overrides: dropped, with a line saying so).
 
-Writes bench/results/learning.json:
-- `per_seed`: each seed's accuracies, seconds, generated tokens and probe summaries;
+Writes bench/results/learning.json; the default task at its top level, the reflection task in its
+`reflection_task` section (a run of one keeps the other):
+- `per_seed`: each seed's accuracies, seconds, dtype, generated tokens and probe summaries;
 - `seeds`, and the means over them of `base`, `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
 - `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
   paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
@@ -22,10 +25,11 @@ Writes bench/results/learning.json:
 - `probes`: per stage the mean self-correction, revise recall and precision, and each arm's mean
   difference from the unmodified hierarchy with its interval over seeds;
 - `hierarchy_seconds_float32` and/or `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
-  which the CPU decides): the mean wall time of the default experiment per seed;
-- `targets`, `meets` (None where one seed cannot say), `settings`, `machine`, `wall_seconds`.
-A measurement, not a test. The reflection task (arith_distract) has no trained experiment yet: its
-`reflection_task` section is absent until one is measured.
+  which the CPU decides): the mean wall time of the experiment per seed;
+- `targets`, `meets` (None where the seeds cannot say), `settings`, `machine`, `wall_seconds`;
+- the reflection task adds `hierarchy_minus_single`, `self_correction_before`, `self_correction_after`,
+  `revise_recall_after`, `revise_precision_after` and `one_round_minus_two_{before,after}`.
+A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -50,11 +54,22 @@ from meta_agent.train import train
 from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
-HIERARCHY, SINGLE = "arith_hierarchy", "arith_single_agent"
+# --task: the experiments trained per seed, the hierarchy's and its executor-alone baseline's
+TASKS = {
+    "default": ("arith_hierarchy", "arith_single_agent"),
+    "reflection": ("distract_hierarchy", "distract_single_agent"),  # arith_distract, two rounds
+}
 PROBE_ARMS = ("no_reflection", "no_plan")
 # The issue's targets for the default experiment on 2 CPU cores: the RL's own gain over seeds (mean, and
 # the interval's lower end above 0), and about 20 minutes a seed whatever the CPU.
 TARGETS = {"grpo_minus_base": 0.30, "grpo_minus_sft": 0.10, "hierarchy_seconds": 1200.0}
+# On the reflection task: the hierarchy at least the executor alone; after GRPO reflections that fix
+# more answers than they break, more than before GRPO, and revise-when-wrong recall and precision.
+REFLECTION_TARGETS = {
+    "hierarchy_minus_single": 0.0,
+    "revise_recall_after": 0.3,
+    "revise_precision_after": 0.5,
+}
 PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_rate", "accept_given_wrong")
 
 
@@ -70,6 +85,13 @@ def parse_seeds(text: str) -> list[int]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=parse_seeds, default=[0], help="seeds to run, e.g. 0,1,2,3 (0)")
+    p.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default="default",
+        help="default: arith_hierarchy against arith_single_agent (the file's top level); reflection: "
+        "distract_hierarchy against distract_single_agent (its reflection_task section)",
+    )
     p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
@@ -86,18 +108,18 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
     return final, time.perf_counter() - started, run_dir
 
 
-def dtype_name(overrides: Sequence[str]) -> str:
+def dtype_name(experiment: str, overrides: Sequence[str]) -> str:
     """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides)."""
-    cfg = load_config([f"experiment={HIERARCHY}", *overrides])
+    cfg = load_config([f"experiment={experiment}", *overrides])
     return str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
 
 
-def probe_stage(run_dir: Path, adapters: Path, limit: int, overrides: Sequence[str], out: Path) -> dict:
-    """One `meta-agent probe` of `adapters` on the run's held-out task, two rounds allowed."""
+def probe_stage(experiment: str, adapters: Path, limit: int, overrides: Sequence[str], out: Path) -> dict:
+    """One `meta-agent probe` of `adapters` on the experiment's held-out task, two rounds allowed."""
     from bench.reflection import probe, summary
 
     args = [
-        f"experiment={HIERARCHY}",
+        f"experiment={experiment}",
         *overrides,
         "memory.enabled=false",
         f"adapters={adapters}",
@@ -117,7 +139,8 @@ def probe_stage(run_dir: Path, adapters: Path, limit: int, overrides: Sequence[s
 def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     """Every part of one seed, `save()` after each: hierarchy, single agent at its budget, probes."""
     overrides = [*args.overrides, f"seed={seed}"]
-    hierarchy, seconds, run_dir = run(HIERARCHY, overrides, f"hierarchy-seed{seed}")
+    experiment, single_experiment = TASKS[args.task]
+    hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
     record |= {
         "seed": seed,
         "overrides": list(args.overrides),
@@ -134,7 +157,9 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     budget = int(hierarchy["train/generated_tokens"])
     # The baseline gets as many GRPO rollout tokens as the hierarchy used, however many steps that takes.
     single, single_s, _ = run(
-        SINGLE, [*overrides, f"train.token_budget={budget}", "train.steps=1000"], f"single-seed{seed}"
+        single_experiment,
+        [*overrides, f"train.token_budget={budget}", "train.steps=1000"],
+        f"{args.task}-single-seed{seed}",
     )
     record |= {
         "single_agent_grpo": single["eval/accuracy_after"],
@@ -148,7 +173,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         record["probes"] = {}
         for stage, adapters in (("before_grpo", "sft-best"), ("after_grpo", latest)):
             record["probes"][stage] = probe_stage(
-                run_dir,
+                experiment,
                 run_dir / "checkpoints" / adapters,
                 args.probe_limit,
                 overrides,
@@ -219,8 +244,36 @@ def meets(summary: dict) -> dict[str, bool | None]:
     }
 
 
+def reflection_task(summary: dict) -> dict:
+    """The reflection task's named results (the issue's keys) beside its summary, and their targets."""
+    before = summary["probes"].get("before_grpo", {})
+    after = summary["probes"].get("after_grpo", {})
+    named = {
+        "hierarchy_minus_single": summary["hierarchy_minus_single_mean"],
+        "self_correction_before": before.get("self_correction"),
+        "self_correction_after": after.get("self_correction"),
+        "revise_recall_after": after.get("revise_recall"),
+        "revise_precision_after": after.get("revise_precision"),
+        "one_round_minus_two_before": before.get("no_reflection_minus_base_mean"),
+        "one_round_minus_two_after": after.get("no_reflection_minus_base_mean"),
+    }
+    low = summary["hierarchy_minus_single_ci_low"]
+
+    def at_least(key: str) -> bool | None:
+        return None if named[key] is None else named[key] >= REFLECTION_TARGETS[key]
+
+    gain = (named["self_correction_before"], named["self_correction_after"])
+    targets = {
+        "hierarchy_minus_single": None if low is None else at_least("hierarchy_minus_single"),
+        "self_correction_after": None if None in gain else gain[1] > 0 and gain[1] > gain[0],
+        "revise_recall_after": at_least("revise_recall_after"),
+        "revise_precision_after": at_least("revise_precision_after"),
+    }
+    return {**named, **summary, "targets": REFLECTION_TARGETS, "meets": targets}
+
+
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
-    """The file's per-seed records worth keeping: same overrides, and not about to be rerun."""
+    """The section's per-seed records worth keeping: same overrides, and not about to be rerun."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
         if record.get("seed") in args.seeds:
@@ -228,8 +281,8 @@ def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
         (kept if record.get("overrides") == list(args.overrides) else dropped).append(record)
     if dropped:
         print(
-            f"note: dropping seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran with other "
-            f"overrides than {list(args.overrides)}",
+            f"note: dropping {args.task} seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran "
+            f"with other overrides than {list(args.overrides)}",
             flush=True,
         )
     return kept
@@ -244,32 +297,48 @@ def main(argv: Sequence[str] | None = None) -> dict:
         transformers=transformers.__version__,
         torch_threads=str(torch.get_num_threads()),
     )
-    args.dtype = dtype_name(args.overrides)
-    per_seed = kept_seeds(old, args)
+    experiments = TASKS[args.task]
+    args.dtype = dtype_name(experiments[0], args.overrides)
+    # The default task is the file's top level, the reflection task its reflection_task section: a run
+    # of one keeps the other as it was.
+    if args.task == "default":
+        section_old, other = (
+            old,
+            {"reflection_task": old["reflection_task"]} if "reflection_task" in old else {},
+        )
+    else:
+        section_old, other = (
+            old.get("reflection_task") or {},
+            {k: v for k, v in old.items() if k != "reflection_task"},
+        )
+    per_seed = kept_seeds(section_old, args)
     result: dict = {}
 
     def save() -> None:
         nonlocal result
         summary = summarize(per_seed)
         machine["load_average_1m_now"] = round(os.getloadavg()[0], 2)
-        result = {
+        section = {
             **summary,
             "per_seed": [r for r in per_seed if r],  # a seed appears once its hierarchy ran
             "wall_seconds": round(time.perf_counter() - started, 1),
-            "targets": TARGETS,
-            "meets": meets(summary),
             "settings": {
-                "experiments": [HIERARCHY, SINGLE],
+                "experiments": list(experiments),
                 "overrides": list(args.overrides),
                 "dtype": args.dtype,
                 "single_agent": "GRPO until it has generated as many tokens as the hierarchy's GRPO did",
-                "eval": "held-out arith test split (drawn with the seed), greedy, train.eval_limit problems",
+                "eval": "held-out test split of the experiment's task (drawn with the seed), greedy, "
+                "train.eval_limit problems",
                 "probes": f"meta-agent probe, {args.probe_limit} held-out problems, greedy, memory off, "
                 f"two rounds allowed, arms {list(PROBE_ARMS)}; sft-best (before) and the last checkpoint",
                 "intervals": "95% Student's t over seeds of per-seed paired differences",
             },
             "machine": machine,
         }
+        if args.task == "default":
+            result = {**section, "targets": TARGETS, "meets": meets(summary), **other}
+        else:
+            result = {**other, "reflection_task": reflection_task(section)}
         result = write_result(result, args.out)
 
     for seed in args.seeds:

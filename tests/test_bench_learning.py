@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.learning import kept_seeds, meets, parse_args, summarize
+from bench.learning import kept_seeds, meets, parse_args, reflection_task, summarize
 
 PROBE = {"accuracy": 0.5, "reflection": {"self_correction": 0.1, "revise_recall": None}, "arms": {}}
 
@@ -75,9 +75,9 @@ def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_pat
             record(2, 0.5, 0.6, overrides=["train.steps=6"]),
         ]
     }
-    args = argparse.Namespace(seeds=[1], overrides=[], out=tmp_path / "learning.json")
+    args = argparse.Namespace(seeds=[1], overrides=[], out=tmp_path / "learning.json", task="default")
     assert [r["seed"] for r in kept_seeds(old, args)] == [0]
-    assert "dropping seeds [2]" in capsys.readouterr().out
+    assert "dropping default seeds [2]" in capsys.readouterr().out
 
 
 def test_bad_seeds_are_one_clear_line(capsys):
@@ -85,3 +85,33 @@ def test_bad_seeds_are_one_clear_line(capsys):
         parse_args(["--seeds", "0,one"])
     assert stop.value.code == 2
     assert "--seeds takes integers joined by commas" in capsys.readouterr().err
+
+
+def test_reflection_task_names_the_issues_keys_and_judges_its_targets():
+    """Two seeds: hierarchy - single 0.1 and 0.3 (mean 0.2, interval [-1.07, 1.47]); self-correction
+    0 -> 0.1 and 0.05 -> 0.2 (means 0.025 -> 0.15); recall 0.4 and 0.2 (0.3), precision 0.5 and 0.7."""
+
+    def probes(sc, recall=None, precision=None, one_round=None):
+        reflection = {"self_correction": sc, "revise_recall": recall, "revise_precision": precision}
+        return {"accuracy": 0.5, "reflection": reflection, "arms": {"no_reflection": one_round}}
+
+    seeds = [
+        record(
+            0, 0.4, 0.6, 0.5, probes={"before_grpo": probes(0.0), "after_grpo": probes(0.1, 0.4, 0.5, -0.2)}
+        ),
+        record(
+            1, 0.4, 0.6, 0.3, probes={"before_grpo": probes(0.05), "after_grpo": probes(0.2, 0.2, 0.7, -0.1)}
+        ),
+    ]
+    got = reflection_task(summarize(seeds))
+    assert got["hierarchy_minus_single"] == pytest.approx(0.2)
+    assert (got["self_correction_before"], got["self_correction_after"]) == (0.025, 0.15)
+    assert (got["revise_recall_after"], got["revise_precision_after"]) == (0.3, 0.6)
+    assert got["one_round_minus_two_after"] == -0.15 and got["one_round_minus_two_before"] is None
+    assert got["meets"] == {
+        "hierarchy_minus_single": True,
+        "self_correction_after": True,
+        "revise_recall_after": True,
+        "revise_precision_after": True,
+    }
+    assert reflection_task(summarize(seeds[:1]))["meets"]["hierarchy_minus_single"] is None  # one seed
