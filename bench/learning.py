@@ -75,7 +75,7 @@ PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_
 
 def parse_seeds(text: str) -> list[int]:
     try:
-        return [int(seed) for seed in text.split(",")]
+        return list(dict.fromkeys(int(seed) for seed in text.split(",")))  # each seed once
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--seeds takes integers joined by commas, e.g. 0,1,2,3, not {text!r}"
@@ -273,11 +273,10 @@ def reflection_task(summary: dict) -> dict:
 
 
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
-    """The section's per-seed records worth keeping: same overrides, and not about to be rerun."""
+    """The section's per-seed records worth keeping: those of the same overrides. A seed about to be
+    rerun keeps its old record until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
-        if record.get("seed") in args.seeds:
-            continue
         (kept if record.get("overrides") == list(args.overrides) else dropped).append(record)
     if dropped:
         print(
@@ -286,6 +285,16 @@ def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
             flush=True,
         )
     return kept
+
+
+def latest_per_seed(records: Sequence[dict]) -> list[dict]:
+    """One record per seed, the last one that has results (an empty record: its run has not got far)."""
+    by_seed: dict[int, dict] = {}
+    for record in records:
+        if record:
+            by_seed.pop(record["seed"], None)  # the newer record takes the older one's place, at the end
+            by_seed[record["seed"]] = record
+    return list(by_seed.values())
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -316,11 +325,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     def save() -> None:
         nonlocal result
-        summary = summarize(per_seed)
+        records = latest_per_seed(per_seed)
+        summary = summarize(records)
         machine["load_average_1m_now"] = round(os.getloadavg()[0], 2)
         section = {
             **summary,
-            "per_seed": [r for r in per_seed if r],  # a seed appears once its hierarchy ran
+            "per_seed": records,
             "wall_seconds": round(time.perf_counter() - started, 1),
             "settings": {
                 "experiments": list(experiments),

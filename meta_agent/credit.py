@@ -67,7 +67,7 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
 
 
 def training_turns(episodes: Sequence[Episode]) -> list[Turn]:
-    """Every turn with a completion of the finished `episodes`, as the trainer's records, episode i
+    """Every turn with a token to learn of the finished `episodes`, as the trainer's records, episode i
     numbered i (the numbers tie a role's turns of one episode together)."""
     return [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
 

@@ -30,9 +30,9 @@ from meta_agent.demo_script import (
 from meta_agent.tasks import Task
 from roles import Grammar
 
-STYLES = ("one_call", "steps")
+STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
 # arith_distract: the share of demonstrations whose first round folds a distractor in and is revised
-REVISE_SHARE = 0.5  # arith: the whole expression in one call, or one call per operation
+REVISE_SHARE = 0.5
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
@@ -183,7 +183,9 @@ def distract_actions(
     if not revise:
         return script
     distractor = f"{task.meta['distractors'][0]:,}"
-    sentence = next(s.strip() for s in task.question.split(". ") if distractor in s).rstrip(".") + "."
+    # The sentence that gives the number (as a whole number: "293" is not the one inside "7,293").
+    number = re.compile(rf"(?<![\d,]){re.escape(distractor)}(?![\d,]*\d)")
+    sentence = next(s.strip() for s in task.question.split(". ") if number.search(s)).rstrip(".") + "."
     if script.style == "one_call":
         whole = f"{_written(arith_ops(task.meta['expression']))} + {distractor}"
         wrong = calculate(whole)
@@ -197,10 +199,10 @@ def distract_actions(
     if wrong == script.answer:
         raise ValueError(f"{task.id}: adding the distractor {distractor} leaves the answer as it was")
     reflection = revision_text(
-        f'The executor added {distractor}, a number the question gives only in "{sentence}" The asked '
-        "quantity does not depend on it, so the answer is wrong.",
-        "Use only the numbers the asked quantity depends on, and leave out numbers about anything else.",
-        with_step(script.plan, f"Leave out {distractor}: the asked quantity does not depend on it.", grammar),
+        f'The executor added {distractor}, which the question gives only in "{sentence}" The asked '
+        "quantity does not depend on it.",
+        "Use only the numbers the asked quantity depends on.",
+        with_step(script.plan, f"Leave out {distractor}: the question does not ask about it.", grammar),
         grammar,
     )
     revision = Revision((*work, Segment(answer_text(wrong, grammar))), reflection)

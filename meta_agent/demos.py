@@ -37,7 +37,7 @@ from meta_agent.episode import EXECUTE, PLAN, REFLECT, Episode, Limits
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
-from roles import RoleSpec, meta_thinker
+from roles import RoleSpec, executors, meta_thinker
 from tools.registry import ToolRegistry
 from training.types import Turn
 
@@ -92,7 +92,7 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
     if script.task_id != task.id:
         raise ValueError(f"script for {script.task_id} played on task {task.id}")
     episode = factory.new(task) if isinstance(factory, EpisodeFactory) else factory(task)
-    executors = [r.name for r in episode.executors]
+    executor_names = [r.name for r in episode.executors]
 
     def revising(ep: Episode) -> bool:  # in the first round of a script that revises it
         return script.revision is not None and ep.round == 0
@@ -115,11 +115,15 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
             _act(episode, script.reflection)
             if not episode.done:
                 raise DemoError(f"{task.id}: the reflection did not end the episode (revised instead?)")
-        elif executors.index(turn.role) == 0:
+        elif executor_names.index(turn.role) == 0:
             _play_executor(episode, script.revision.work if revising(episode) else script.work)
         else:
             _play_executor(episode, script.check)
     if script.revision is not None:
+        if episode.rounds[0].correct:
+            raise DemoError(
+                f"{task.id}: the first round of a revising demonstration was right: nothing to catch"
+            )
         for t in episode.turns:
             if t.kind == EXECUTE and t.round == 0:
                 t.mask = [0] * len(t.mask)  # the mistake the reflection caught is not taught
@@ -216,8 +220,10 @@ def make_demos(
         return [play_demo(arith_actions(t, seed=seed, grammar=grammar), t, factory) for t in tasks]
     if name == "arith_distract":  # REVISE_SHARE of them caught and revised, where a meta-thinker reflects
         tasks = load_tasks("arith_distract", "train", limit=n, seed=seed)
-        # Only a meta-thinker with a second round to give can revise; otherwise every demonstration accepts.
-        revise = None if meta_thinker(roles) is not None and limits.max_rounds >= 2 else False
+        # Only a meta-thinker with a second round to give, reflecting on one executor's work, revises
+        # (with a checker the first round's answer would be right); otherwise every demonstration accepts.
+        one = meta_thinker(roles) is not None and len(executors(roles)) == 1
+        revise = None if one and limits.max_rounds >= 2 else False
         return [
             play_demo(distract_actions(t, seed=seed, grammar=grammar, revise=revise), t, factory)
             for t in tasks

@@ -371,8 +371,8 @@ class Episode:
         self.done = True
 
     def training_turns(self, episode: int = -1) -> list[Turn]:
-        """The finished episode as the trainer's records: one Turn per role turn with a completion, grouped
-        by task, with its reward and (once credit is assigned) its advantage."""
+        """The finished episode as the trainer's records: one Turn per role turn with a token to learn
+        (loss mask 1), grouped by task, with its reward and (once credit is assigned) its advantage."""
         if not self.done:
             raise RuntimeError("training_turns() before the episode finished")
         return [

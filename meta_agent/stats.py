@@ -102,8 +102,17 @@ def sign_test(better: int, worse: int) -> float:
     return min(1.0, 2 * tail)
 
 
-# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 seeds (1.96 beyond).
+# Two-sided 95% points of Student's t with k - 1 degrees of freedom, k = 2..10 seeds (t_975 beyond).
 T_975 = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}
+
+
+def t_975(df: int) -> float:
+    """The two-sided 95% point of Student's t with `df` degrees of freedom: the table up to 9, then the
+    Cornish-Fisher expansion around the normal quantile (2.2254 at df=10 against 2.228; 2.0422 at 30)."""
+    if df + 1 in T_975:
+        return T_975[df + 1]
+    z = Z_95
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 @dataclass(frozen=True)
@@ -126,5 +135,5 @@ def seed_interval(diffs: Sequence[float]) -> SeedInterval:
     if k == 1:
         return SeedInterval(mean, None, None, 1)
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (k - 1))
-    half = T_975.get(k, Z_95) * sd / math.sqrt(k)
+    half = t_975(k - 1) * sd / math.sqrt(k)
     return SeedInterval(mean, mean - half, mean + half, k)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.learning import kept_seeds, meets, parse_args, reflection_task, summarize
+from bench.learning import kept_seeds, latest_per_seed, meets, parse_args, reflection_task, summarize
 
 PROBE = {"accuracy": 0.5, "reflection": {"self_correction": 0.1, "revise_recall": None}, "arms": {}}
 
@@ -76,8 +76,13 @@ def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_pat
         ]
     }
     args = argparse.Namespace(seeds=[1], overrides=[], out=tmp_path / "learning.json", task="default")
-    assert [r["seed"] for r in kept_seeds(old, args)] == [0]
+    kept = kept_seeds(old, args)
+    assert [r["seed"] for r in kept] == [0, 1]  # seed 1 stays until its rerun has results
     assert "dropping default seeds [2]" in capsys.readouterr().out
+    rerun = record(1, 0.5, 0.9)
+    assert latest_per_seed([*kept, {}]) == kept  # the rerun has not got far: the old record counts
+    assert latest_per_seed([*kept, rerun]) == [kept[0], rerun]
+    assert parse_args(["--seeds", "0,1,0"]).seeds == [0, 1]
 
 
 def test_bad_seeds_are_one_clear_line(capsys):

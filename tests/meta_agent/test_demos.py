@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from meta_agent.config import load_config
 from meta_agent.demo_arith import with_step
 from meta_agent.demos import (
     GENERIC_PLAN,
@@ -246,12 +247,31 @@ def test_make_demos_rejects_unknown_sources(role_sets, chat, registry):
         make_demos("math500", 1, role_sets["hierarchy"], chat, registry)
 
 
-TWO_ROUNDS = Limits(max_rounds=2, max_new_tokens=768)  # as configs/experiment/distract_hierarchy.yaml
+@pytest.fixture(scope="module")
+def distract_config():
+    return load_config(["experiment=distract_hierarchy"])
 
 
 @pytest.fixture(scope="module")
-def distract(role_sets, chat, registry):
-    return make_demos("arith_distract", 8, role_sets["hierarchy"], chat, registry, limits=TWO_ROUNDS)
+def distract(distract_config, chat, registry):
+    cfg = distract_config
+    return make_demos("arith_distract", 8, cfg.role_list, chat, registry, limits=cfg.protocol)
+
+
+def test_distract_demos_fit_the_experiments_budgets(distract_config, chat, registry):
+    """Every demonstration the experiment's SFT makes (160 a seed) fits its episode budget, and each
+    generation its role's: seed 13 once had a 780-token episode and reflections of 174 tokens."""
+    cfg = distract_config
+    budget = {r.name: r.sampling.max_new_tokens for r in cfg.role_list}
+    for seed in (0, 13):
+        episodes = make_demos(
+            "arith_distract", 160, cfg.role_list, chat, registry, seed=seed, limits=cfg.protocol
+        )
+        assert len(episodes) == 160 and all(ep.correct and not ep.truncated for ep in episodes)
+        for ep in episodes:
+            for turn in ep.turns:
+                segments = turn.text.split("</tool_result>\n")
+                assert all(len(chat.encode(s)) <= budget[turn.role] for s in segments), turn.text
 
 
 def test_distract_demos_catch_the_distractor_and_revise(distract, chat):
@@ -306,6 +326,10 @@ def test_a_revision_needs_a_second_round_and_a_lone_executor_never_revises(role_
         "arith_distract", 6, role_sets["hierarchy"], chat, registry, limits=Limits(max_rounds=1)
     )
     assert all(ep.correct and len(ep.rounds) == 1 for ep in once)  # no second round: no revision shown
+    checked = make_demos(
+        "arith_distract", 4, role_sets["two_executors"], chat, registry, limits=Limits(max_rounds=2)
+    )
+    assert all(ep.correct and len(ep.rounds) == 1 for ep in checked)  # a checker would get round 1 right
 
 
 def test_with_step_numbers_or_bullets_as_the_plan_does():

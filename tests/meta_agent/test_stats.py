@@ -14,6 +14,7 @@ from meta_agent.stats import (
     pass_at_k,
     seed_interval,
     sign_test,
+    t_975,
 )
 
 
@@ -82,3 +83,10 @@ def test_seed_interval_of_one_seed_has_no_width_and_none_is_refused():
     assert seed_interval([0.25]) == SeedInterval(0.25, None, None, 1)
     with pytest.raises(ValueError, match="at least one seed"):
         seed_interval([])
+
+
+def test_t_quantile_beyond_the_table_by_the_expansion():
+    """Tables give 2.228 (df 10), 2.086 (df 20), 2.042 (df 30); the expansion is within 0.003."""
+    assert t_975(3) == 3.182
+    for df, table in ((10, 2.228), (20, 2.086), (30, 2.042)):
+        assert t_975(df) == pytest.approx(table, abs=3e-3)

@@ -323,29 +323,40 @@ class HFBackend:
 def _sample_top_p(
     logprobs: torch.Tensor, top_p: float, generator: torch.Generator, candidates: int = NUCLEUS_CANDIDATES
 ) -> int:
-    """Sample one token from the smallest set of tokens whose probability reaches top_p; logprobs: [V].
+    """Sample one token from the smallest set of tokens whose probability reaches top_p; logprobs: [V]
+    (normalised: a log_softmax).
 
     Exponential race (Gumbel-max): argmax(log p - log E), E ~ Exp(1), is an exact sample from p, and the
     float noise between batch compositions (~1e-7) almost never changes the winner, unlike an inverse CDF
     over 49k near-equal probabilities. The race is run over the `candidates` most likely tokens, which
     hold almost all the mass: drawing 49k exponentials per row was a tenth of a float32 CPU decode step.
-    Still exact: with top_p < 1 the nucleus lies inside them (else the whole vocabulary is raced); with
-    top_p = 1 one uniform draw first picks them with their total probability, or else the rest.
+    Exact up to float rounding (about 1e-6 of probability): with top_p < 1 the nucleus lies inside the
+    candidates (else the whole vocabulary is raced); with top_p = 1 one uniform draw first picks the
+    candidates with their total probability, or else the rest. The candidates race in token-id order,
+    each step drawing the same numbers whatever the nucleus, so near-tied tokens that swap rank between
+    batch layouts keep their own noise.
     """
     top = logprobs.topk(min(candidates, logprobs.numel()))  # most likely first
-    probs = top.values.exp()
-    mass = float(probs.sum())
+    values = top.values
     if top_p < 1.0:
-        if mass < top_p:  # the nucleus reaches beyond the candidates: race over the whole vocabulary
+        probs = values.exp()
+        if float(probs.sum()) < top_p:  # the nucleus reaches beyond the candidates: race the whole vocabulary
             return _race(
                 logprobs.masked_fill(logprobs < _nucleus_cutoff(logprobs, top_p), -torch.inf), generator
             )
         # Keep a token while the mass before it is below top_p; the most likely token is always kept.
         n = int(((probs.cumsum(0) - probs) < top_p).sum())
-        return int(top.indices[_race(top.values[:n], generator)])
-    if top.values.numel() == logprobs.numel() or float(torch.rand((), generator=generator)) < mass:
-        return int(top.indices[_race(top.values, generator)])
-    return _race(logprobs.index_fill(0, top.indices, -torch.inf), generator)  # one of the rest
+        values = values.clone()
+        values[n:] = -torch.inf
+    else:
+        u = float(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64))
+        rest = 1.0 - float(values.double().exp().sum())  # the probability outside the candidates
+        if values.numel() < logprobs.numel() and u < rest:
+            others = logprobs.index_fill(0, top.indices, -torch.inf)
+            if bool(torch.isfinite(others).any()):  # rounding can leave `rest` > 0 where nothing is
+                return _race(others, generator)
+    order = top.indices.argsort()  # token-id order
+    return int(top.indices[order][_race(values[order], generator)])
 
 
 def _race(logprobs: torch.Tensor, generator: torch.Generator) -> int:
