@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The main job: a short real training run of the default experiment (on 2 CPU cores about 17 minutes
-# with AVX512-BF16, about 48 with AVX2 only).
+# with AVX512-BF16, about 65 with AVX2 only).
 run: setup
 	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
 
