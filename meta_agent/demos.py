@@ -254,7 +254,7 @@ def write_demos(episodes: Sequence[Episode], path: Path | str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for i, ep in enumerate(episodes):
-            texts = [t.text for t in ep.turns if any(t.mask)]  # the turns training_turns keeps
+            texts = [t.text for t in ep.learned_turns]  # the turns training_turns keeps
             for turn, text in zip(ep.training_turns(i), texts, strict=True):
                 row = {key: getattr(turn, key) for key in TURN_FIELDS}
                 f.write(json.dumps({**row, "text": text}) + "\n")

@@ -387,11 +387,13 @@ class Episode:
                 episode=episode,
                 advantage=t.advantage or 0.0,
             )
-            for t in self.turns
-            if any(
-                t.mask
-            )  # a turn with no token to learn from (a demonstration's caught mistake) is left out
+            for t in self.learned_turns
         ]
+
+    @property
+    def learned_turns(self) -> list[TurnRecord]:
+        """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
+        return [t for t in self.turns if any(t.mask)]
 
     @property
     def tool_calls(self) -> int:

@@ -241,3 +241,15 @@ def test_nucleus_sampling_never_leaves_the_nucleus(candidates):
     counts = torch.bincount(picks, minlength=3).float() / len(picks)
     for share, expected in zip(counts.tolist(), (4 / 9, 3 / 9, 2 / 9), strict=True):
         assert abs(share - expected) < 4 * (expected * (1 - expected) / len(picks)) ** 0.5
+
+
+@pytest.mark.parametrize("candidates", [4, 1])  # the fast path, and the whole-vocabulary fallback
+def test_nucleus_keeps_exactly_as_many_tokens_on_both_paths_when_tied(candidates):
+    """0.3, 0.3, 0.3, 0.1 at top_p=0.5: 0.3 lies before the second, 0.6 before the third, so the nucleus
+    is two tokens, even though a third ties with them; each drawn half the time."""
+    probs = torch.tensor([0.3, 0.3, 0.3, 0.1])
+    picks = _draws(probs.log(), 0.5, candidates=candidates, n=2000)
+    counts = torch.bincount(picks, minlength=4)
+    assert int((counts > 0).sum()) == 2 and int(counts[3]) == 0
+    for share in (counts[counts > 0].float() / len(picks)).tolist():
+        assert abs(share - 0.5) < 4 * (0.25 / len(picks)) ** 0.5

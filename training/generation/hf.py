@@ -341,9 +341,7 @@ def _sample_top_p(
     if top_p < 1.0:
         probs = values.exp()
         if float(probs.sum()) < top_p:  # the nucleus reaches beyond the candidates: race the whole vocabulary
-            return _race(
-                logprobs.masked_fill(logprobs < _nucleus_cutoff(logprobs, top_p), -torch.inf), generator
-            )
+            return _race(_nucleus(logprobs, top_p), generator)
         # Keep a token while the mass before it is below top_p; the most likely token is always kept.
         n = int(((probs.cumsum(0) - probs) < top_p).sum())
         values = values.clone()
@@ -365,12 +363,13 @@ def _race(logprobs: torch.Tensor, generator: torch.Generator) -> int:
     return int((logprobs - noise.log()).argmax())
 
 
-def _nucleus_cutoff(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The smallest logprob inside the nucleus (the most likely tokens whose mass reaches top_p)."""
-    top = logprobs.sort(descending=True).values  # [V]
-    probs = top.exp()
+def _nucleus(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`logprobs` with all but the nucleus at -inf: the most likely tokens, counted as the fast path
+    counts them (exactly n, ties cut by rank), whose mass before the last is below top_p."""
+    top = logprobs.sort(descending=True)  # [V]
+    probs = top.values.exp()
     n = int(((probs.cumsum(0) - probs) < top_p).sum())
-    return top[n - 1]
+    return torch.full_like(logprobs, -torch.inf).index_copy_(0, top.indices[:n], top.values[:n])
 
 
 @dataclass
