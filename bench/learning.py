@@ -12,8 +12,9 @@ distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (ti
 experiment's wall time), then its single-agent experiment up to the same generated tokens, then one
 `meta-agent probe` of each adapter set (sft-best: before GRPO; the last checkpoint: after it) with two
 rounds allowed and the arms `no_reflection` (one round) and `no_plan`. The file is written after every
-part, so a stopped run keeps what it finished; seeds run before with the same overrides are kept and
-summarised with the new ones (other overrides: dropped, with a line saying so).
+part, so a stopped run keeps what it finished; seeds run before with the same overrides and the same
+resolved settings (`config_sha`: an edited experiment yaml is another experiment) are kept and
+summarised with the new ones (others: dropped, with a line saying so).
 
 Writes bench/results/learning.json; the default task at its top level, the reflection task in its
 `reflection_task` section (a run of one keeps the other):
@@ -35,6 +36,7 @@ A measurement, not a test.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -45,10 +47,11 @@ from pathlib import Path
 
 import torch
 import transformers
+from omegaconf import OmegaConf
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.cli import start_run
-from meta_agent.config import load_config
+from meta_agent.config import as_dictconfig, load_config
 from meta_agent.stats import seed_interval
 from meta_agent.train import train
 from training.model_files import torch_dtype
@@ -114,6 +117,14 @@ def dtype_name(experiment: str, overrides: Sequence[str]) -> str:
     return str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
 
 
+def config_sha(experiment: str, overrides: Sequence[str]) -> str:
+    """A fingerprint of every setting a seed's hierarchy trains with, but its seed and run folder: seeds
+    are summarised together only when they ran the same experiment, however its yaml changed since."""
+    cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
+    settings = OmegaConf.to_container(as_dictconfig(cfg), resolve=True)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def probe_stage(experiment: str, adapters: Path, limit: int, overrides: Sequence[str], out: Path) -> dict:
     """One `meta-agent probe` of `adapters` on the experiment's held-out task, two rounds allowed."""
     from bench.reflection import probe, summary
@@ -144,6 +155,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     record |= {
         "seed": seed,
         "overrides": list(args.overrides),
+        "config_sha": args.config_sha,
         "run": str(run_dir),
         "base": hierarchy["eval/accuracy_before"],
         "sft": hierarchy.get("eval/accuracy_after_sft", hierarchy["eval/accuracy_before"]),
@@ -273,15 +285,20 @@ def reflection_task(summary: dict) -> dict:
 
 
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
-    """The section's per-seed records worth keeping: those of the same overrides. A seed about to be
-    rerun keeps its old record until the new one has its hierarchy's results (see latest_per_seed)."""
+    """The section's per-seed records worth keeping: those of the same overrides and settings (its
+    `config_sha`; a record from before fingerprints is assumed to match). A seed about to be rerun keeps
+    its old record until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
-        (kept if record.get("overrides") == list(args.overrides) else dropped).append(record)
+        same = record.get("overrides") == list(args.overrides) and record.get(
+            "config_sha", args.config_sha
+        ) == (args.config_sha)
+        (kept if same else dropped).append(record)
     if dropped:
         print(
             f"note: dropping {args.task} seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran "
-            f"with other overrides than {list(args.overrides)}",
+            f"with other overrides than {list(args.overrides)} or other settings than {args.config_sha} "
+            "(the experiment's yaml changed)",
             flush=True,
         )
     return kept
@@ -308,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     experiments = TASKS[args.task]
     args.dtype = dtype_name(experiments[0], args.overrides)
+    args.config_sha = config_sha(experiments[0], args.overrides)
     # The default task is the file's top level, the reflection task its reflection_task section: a run
     # of one keeps the other as it was.
     if args.task == "default":
@@ -335,6 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             "settings": {
                 "experiments": list(experiments),
                 "overrides": list(args.overrides),
+                "config_sha": args.config_sha,
                 "dtype": args.dtype,
                 "single_agent": "GRPO until it has generated as many tokens as the hierarchy's GRPO did",
                 "eval": "held-out test split of the experiment's task (drawn with the seed), greedy, "

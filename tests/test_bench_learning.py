@@ -75,13 +75,16 @@ def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_pat
             record(2, 0.5, 0.6, overrides=["train.steps=6"]),
         ]
     }
-    args = argparse.Namespace(seeds=[1], overrides=[], out=tmp_path / "learning.json", task="default")
+    old["per_seed"] += [record(3, 0.5, 0.6, config_sha="abc"), record(4, 0.5, 0.6, config_sha="old")]
+    args = argparse.Namespace(
+        seeds=[1], overrides=[], out=tmp_path / "learning.json", task="default", config_sha="abc"
+    )
     kept = kept_seeds(old, args)
-    assert [r["seed"] for r in kept] == [0, 1]  # seed 1 stays until its rerun has results
-    assert "dropping default seeds [2]" in capsys.readouterr().out
+    assert [r["seed"] for r in kept] == [0, 1, 3]  # seed 1 stays until its rerun has results
+    assert "dropping default seeds [2, 4]" in capsys.readouterr().out
     rerun = record(1, 0.5, 0.9)
     assert latest_per_seed([*kept, {}]) == kept  # the rerun has not got far: the old record counts
-    assert latest_per_seed([*kept, rerun]) == [kept[0], rerun]
+    assert latest_per_seed([*kept, rerun]) == [kept[0], kept[2], rerun]
     assert parse_args(["--seeds", "0,1,0"]).seeds == [0, 1]
 
 
@@ -120,3 +123,12 @@ def test_reflection_task_names_the_issues_keys_and_judges_its_targets():
         "revise_precision_after": True,
     }
     assert reflection_task(summarize(seeds[:1]))["meets"]["hierarchy_minus_single"] is None  # one seed
+
+
+def test_the_fingerprint_follows_the_settings_not_the_seed():
+    """An edited setting is another experiment; the seed and the run folder are not part of it."""
+    from bench.learning import config_sha
+
+    same = config_sha("arith_hierarchy", [])
+    assert config_sha("arith_hierarchy", ["seed=3", "run_dir=runs/x"]) == same
+    assert config_sha("arith_hierarchy", ["train.steps=5"]) != same
