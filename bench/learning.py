@@ -6,6 +6,7 @@ the plan do before and after GRPO (the probes), for each of `--seeds`.
     python -m bench.learning --seeds 4                        # one more: the seeds in the file stay
     python -m bench.learning --task reflection --seeds 0,1,2,3    # the reflection task (arith_distract)
     python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
+    python -m bench.learning --seeds 1,2,3 --no-single --probe-limit 0  # the hierarchy alone, per seed
 
 Per seed: the task's hierarchy experiment (`--task default`: arith_hierarchy; `reflection`:
 distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (timed: that is the
@@ -95,6 +96,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="default: arith_hierarchy against arith_single_agent (the file's top level); reflection: "
         "distract_hierarchy against distract_single_agent (its reflection_task section)",
     )
+    p.add_argument(
+        "--single",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train the executor-alone baseline per seed (--no-single: the hierarchy and probes only)",
+    )
     p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
     p.add_argument("--out", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
@@ -148,9 +155,10 @@ def probe_stage(experiment: str, adapters: Path, limit: int, overrides: Sequence
 
 
 def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
-    """Every part of one seed, `save()` after each: hierarchy, single agent at its budget, probes."""
+    """Every part of one seed, `save()` after each: hierarchy, single agent at its budget (unless
+    --no-single), probes (unless --probe-limit 0)."""
     overrides = [*args.overrides, f"seed={seed}"]
-    experiment, single_experiment = TASKS[args.task]
+    experiment = TASKS[args.task][0]
     hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
     record |= {
         "seed": seed,
@@ -166,20 +174,9 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
     }
     save()
-    budget = int(hierarchy["train/generated_tokens"])
-    # The baseline gets as many GRPO rollout tokens as the hierarchy used, however many steps that takes.
-    single, single_s, _ = run(
-        single_experiment,
-        [*overrides, f"train.token_budget={budget}", "train.steps=1000"],
-        f"{args.task}-single-seed{seed}",
-    )
-    record |= {
-        "single_agent_grpo": single["eval/accuracy_after"],
-        "single_agent_sft": single.get("eval/accuracy_after_sft"),
-        "single_agent_generated_tokens": single["train/generated_tokens"],
-        "single_agent_seconds": round(single_s, 1),
-    }
-    save()
+    if args.single:
+        single_agent(seed, args, record, overrides, budget=int(hierarchy["train/generated_tokens"]))
+        save()
     if args.probe_limit > 0:
         latest = (run_dir / "checkpoints" / "latest").read_text().strip()
         record["probes"] = {}
@@ -193,6 +190,24 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
             )
             save()
     return record
+
+
+def single_agent(
+    seed: int, args: argparse.Namespace, record: dict, overrides: list[str], budget: int
+) -> None:
+    """The executor-alone baseline of one seed, with as many GRPO rollout tokens as the hierarchy used,
+    however many steps that takes."""
+    single, single_s, _ = run(
+        TASKS[args.task][1],
+        [*overrides, f"train.token_budget={budget}", "train.steps=1000"],
+        f"{args.task}-single-seed{seed}",
+    )
+    record |= {
+        "single_agent_grpo": single["eval/accuracy_after"],
+        "single_agent_sft": single.get("eval/accuracy_after_sft"),
+        "single_agent_generated_tokens": single["train/generated_tokens"],
+        "single_agent_seconds": round(single_s, 1),
+    }
 
 
 def interval_keys(name: str, diffs: Sequence[float]) -> dict[str, float | None]:

@@ -132,3 +132,30 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
     same = config_sha("arith_hierarchy", [])
     assert config_sha("arith_hierarchy", ["seed=3", "run_dir=runs/x"]) == same
     assert config_sha("arith_hierarchy", ["train.steps=5"]) != same
+
+
+def test_no_single_trains_the_hierarchy_alone(monkeypatch, tmp_path):
+    """--no-single --probe-limit 0: one run per seed, the hierarchy's, and its record has no baseline."""
+    import bench.learning as learning
+
+    ran = []
+
+    def fake_run(experiment, overrides, tag):
+        ran.append(experiment)
+        final = {
+            "eval/accuracy_before": 0.0,
+            "eval/accuracy_after_sft": 0.5,
+            "eval/accuracy_after": 0.75,
+            "train/grpo_steps": 4.0,
+            "train/generated_tokens": 100.0,
+        }
+        return final, 1.0, tmp_path / tag
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    args = parse_args(["--seeds", "1", "--no-single", "--probe-limit", "0"])
+    args.dtype, args.config_sha = "float32", "abc"
+    saved = []
+    record = learning.seed_run(1, args, {}, lambda: saved.append(1))
+    assert ran == ["arith_hierarchy"] and "single_agent_grpo" not in record
+    assert (record["sft"], record["grpo"], record["config_sha"]) == (0.5, 0.75, "abc") and saved
+    assert parse_args([]).single is True
