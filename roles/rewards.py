@@ -27,20 +27,20 @@ class Outcome:
 def round_reflection_reward(spec: RewardSpec, rounds: Sequence[tuple[bool, str | None]], k: int) -> float:
     """What round k's reflection earns: accepting a wrong answer costs accept_wrong_penalty; a revise
     verdict on a right one costs revise_right_penalty; a revision whose next round turned wrong into
-    right earns improvement_bonus, right into wrong costs regression_penalty. No verdict: 0."""
+    right earns improvement_bonus, right into wrong costs regression_penalty, and one of a wrong answer
+    that stayed wrong (or had no round left to be carried out) costs revise_unfixed_penalty. Without
+    that last one, revising a wrong answer in the last round escapes accept_wrong_penalty for free.
+    No verdict: 0."""
     correct, verdict = rounds[k]
     if verdict == ACCEPT:
         return -spec.accept_wrong_penalty if not correct else 0.0
     if verdict != REVISE:
         return 0.0
-    reward = -spec.revise_right_penalty if correct else 0.0
-    if k + 1 < len(rounds):
-        following = rounds[k + 1][0]
-        if following and not correct:
-            reward += spec.improvement_bonus
-        elif correct and not following:
-            reward -= spec.regression_penalty
-    return reward
+    if correct:
+        following = rounds[k + 1][0] if k + 1 < len(rounds) else True
+        return -spec.revise_right_penalty - (0.0 if following else spec.regression_penalty)
+    fixed = k + 1 < len(rounds) and rounds[k + 1][0]
+    return spec.improvement_bonus if fixed else -spec.revise_unfixed_penalty
 
 
 def reflection_reward(spec: RewardSpec, rounds: Sequence[tuple[bool, str | None]]) -> float:

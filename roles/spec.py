@@ -55,6 +55,9 @@ class RewardSpec:
     regression_penalty: float = 0.0  # it revised a right answer and the next round's is wrong
     accept_wrong_penalty: float = 0.0  # it accepted a wrong answer
     revise_right_penalty: float = 0.0  # it asked to revise a right answer
+    # it asked to revise a wrong answer and no round made it right (the next round's is still wrong, or
+    # none was left): at accept_wrong_penalty, only a revision that fixes earns more than accepting
+    revise_unfixed_penalty: float = 0.0
 
     @property
     def rewards_reflection(self) -> bool:
@@ -65,6 +68,7 @@ class RewardSpec:
                 self.regression_penalty,
                 self.accept_wrong_penalty,
                 self.revise_right_penalty,
+                self.revise_unfixed_penalty,
             )
         )
 

@@ -39,6 +39,22 @@ def test_each_reflection_earns_what_its_verdict_did(rounds, per_round, total):
     assert reflection_reward(RewardSpec(), rounds) == 0.0  # the default: episode outcome alone
 
 
+@pytest.mark.parametrize(
+    ("rounds", "per_round"),
+    [
+        ([(False, "revise")], [-0.5]),  # the last round: a revision nothing carried out
+        ([(False, "revise"), (False, "revise")], [-0.5, -0.5]),  # in vain, then again with no round left
+        ([(False, "revise"), (True, "accept")], [1.0, 0.0]),  # a fix pays as before
+        ([(True, "revise"), (True, "accept")], [-0.25, 0.0]),  # a right answer: revise_right_penalty only
+    ],
+)
+def test_a_revision_that_fixes_nothing_costs_what_accepting_would(rounds, per_round):
+    """revise_unfixed_penalty = accept_wrong_penalty = 0.5: on a wrong answer only a fix beats accepting."""
+    spec = replace(SPEC, revise_unfixed_penalty=0.5)
+    assert [round_reflection_reward(spec, rounds, k) for k in range(len(rounds))] == per_round
+    assert RewardSpec(revise_unfixed_penalty=0.5).rewards_reflection
+
+
 def test_the_meta_thinkers_reward_adds_its_reflections():
     fixed = Outcome(True, format_ok=True, rounds=((False, "revise"), (True, "accept")))
     assert role_reward(META_THINKER, SPEC, fixed) == 2.0  # 1 for the right answer + 1 for the fix
