@@ -290,11 +290,19 @@ def reflection_task(summary: dict) -> dict:
         return None if named[key] is None else named[key] >= REFLECTION_TARGETS[key]
 
     gain = (named["self_correction_before"], named["self_correction_after"])
+    corrects = None if None in gain else gain[1] > 0 and gain[1] > gain[0]
+
+    def with_corrections(key: str) -> bool | None:
+        # Recall and precision count only beside a self-correction gain: a policy that revises every
+        # answer when none is right reads as recall 1 at precision 1 and fixes nothing.
+        met = at_least(key)
+        return None if met is None or corrects is None else met and corrects
+
     targets = {
         "hierarchy_minus_single": None if low is None else at_least("hierarchy_minus_single"),
-        "self_correction_after": None if None in gain else gain[1] > 0 and gain[1] > gain[0],
-        "revise_recall_after": at_least("revise_recall_after"),
-        "revise_precision_after": at_least("revise_precision_after"),
+        "self_correction_after": corrects,
+        "revise_recall_after": with_corrections("revise_recall_after"),
+        "revise_precision_after": with_corrections("revise_precision_after"),
     }
     return {**named, **summary, "targets": REFLECTION_TARGETS, "meets": targets}
 

@@ -123,6 +123,12 @@ def test_reflection_task_names_the_issues_keys_and_judges_its_targets():
         "revise_precision_after": True,
     }
     assert reflection_task(summarize(seeds[:1]))["meets"]["hierarchy_minus_single"] is None  # one seed
+    # Revising everything when nothing is right: recall 1 at precision 1, and no answer fixed.
+    stamp = record(2, 0.2, 0.0, 0.2, probes={"before_grpo": probes(0.0), "after_grpo": probes(0.0, 1.0, 1.0)})
+    meets = reflection_task(summarize([stamp]))["meets"]
+    assert not (
+        meets["self_correction_after"] or meets["revise_recall_after"] or meets["revise_precision_after"]
+    )
 
 
 def test_the_fingerprint_follows_the_settings_not_the_seed():
