@@ -118,18 +118,15 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
     return final, time.perf_counter() - started, run_dir
 
 
-def dtype_name(experiment: str, overrides: Sequence[str]) -> str:
-    """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides)."""
-    cfg = load_config([f"experiment={experiment}", *overrides])
-    return str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
-
-
-def config_sha(experiment: str, overrides: Sequence[str]) -> str:
-    """A fingerprint of every setting a seed's hierarchy trains with, but its seed and run folder: seeds
-    are summarised together only when they ran the same experiment, however its yaml changed since."""
+def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
+    """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides),
+    and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder:
+    seeds are summarised together only when they ran the same experiment, however its yaml changed."""
     cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
+    dtype = str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
     settings = OmegaConf.to_container(as_dictconfig(cfg), resolve=True)
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    sha = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return dtype, sha
 
 
 def probe_stage(experiment: str, adapters: Path, limit: int, overrides: Sequence[str], out: Path) -> dict:
@@ -313,9 +310,8 @@ def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
     its old record until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
-        same = record.get("overrides") == list(args.overrides) and record.get(
-            "config_sha", args.config_sha
-        ) == (args.config_sha)
+        sha = record.get("config_sha", args.config_sha)
+        same = record.get("overrides") == list(args.overrides) and sha == args.config_sha
         (kept if same else dropped).append(record)
     if dropped:
         print(
@@ -347,8 +343,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch_threads=str(torch.get_num_threads()),
     )
     experiments = TASKS[args.task]
-    args.dtype = dtype_name(experiments[0], args.overrides)
-    args.config_sha = config_sha(experiments[0], args.overrides)
+    args.dtype, args.config_sha = settings_of(experiments[0], args.overrides)
     # The default task is the file's top level, the reflection task its reflection_task section: a run
     # of one keeps the other as it was.
     if args.task == "default":

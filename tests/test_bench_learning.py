@@ -133,11 +133,12 @@ def test_reflection_task_names_the_issues_keys_and_judges_its_targets():
 
 def test_the_fingerprint_follows_the_settings_not_the_seed():
     """An edited setting is another experiment; the seed and the run folder are not part of it."""
-    from bench.learning import config_sha
+    from bench.learning import settings_of
 
-    same = config_sha("arith_hierarchy", [])
-    assert config_sha("arith_hierarchy", ["seed=3", "run_dir=runs/x"]) == same
-    assert config_sha("arith_hierarchy", ["train.steps=5"]) != same
+    same = settings_of("arith_hierarchy", [])
+    assert settings_of("arith_hierarchy", ["seed=3", "run_dir=runs/x"]) == same
+    assert settings_of("arith_hierarchy", ["train.steps=5"])[1] != same[1]
+    assert settings_of("arith_hierarchy", ["model.dtype=float32"])[0] == "float32"
 
 
 def test_no_single_trains_the_hierarchy_alone(monkeypatch, tmp_path):
