@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 
 from meta_agent.demo_script import (
+    GENERIC_PLAN,
     GRAMMAR,
     DemoScript,
     Revision,
@@ -31,8 +32,13 @@ from meta_agent.tasks import Task
 from roles import Grammar
 
 STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
-# arith_distract: the share of demonstrations whose first round folds a distractor in and is revised
+# arith_distract: the share of demonstrations whose first round goes wrong and is revised ...
 REVISE_SHARE = 0.5
+# ... and the mistakes they show, drawn evenly: the executor folds the distractor in, or the plan gets an
+# add or subtract step backwards ("A donor sends 462 more seeds" planned as "Subtract 462."). The trained
+# hierarchy made both: of 27 wrong answers in seed 0's probe before GRPO, 14 used the distractor and the
+# rest had an operation wrong in the plan.
+MISTAKES = ("distractor", "operation")
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
@@ -47,6 +53,8 @@ _PLAN_STEPS = {
     "sub_product": "Subtract {c} times {d}.",
     "div": "Divide by {c}.",
 }
+# An add or subtract step and the one a plan that gets it backwards writes instead
+_BACKWARDS = {"add": "sub", "sub": "add", "add_product": "sub_product", "sub_product": "add_product"}
 _NAMES = {
     "add": "the addition",
     "sub": "the subtraction",
@@ -86,19 +94,14 @@ def arith_actions(
     if style not in STYLES:
         raise ValueError(f"arith demonstration style must be one of {STYLES}, got {style!r}")
     ops = arith_ops(task.meta["expression"])
-    (a, b) = ops[0][1]
-    steps = [f"Multiply {a:,} by {b:,}."]
-    for kind, numbers in ops[1:]:
-        steps.append(_PLAN_STEPS[kind].format(**dict(zip("cd", (f"{x:,}" for x in numbers), strict=False))))
+    steps = _plan_steps(ops, style)
     if style == "one_call":
-        steps.append("Write it as one calculator expression and answer with its result.")
         work, answer = _one_call(ops, grammar)
         how = "in one calculator expression"
         lesson = (
             "Write the whole calculation as one calculator expression, then copy the result into the answer."
         )
     else:
-        steps.append("Use one calculator call per step and answer with the last result.")
         work, answer = _step_calls(ops, grammar)
         how = "one calculator call at a time"
         lesson = "Do one operation per calculator call, carry each result into the next call, and answer with the last result."
@@ -121,6 +124,20 @@ def arith_actions(
         Segment(answer_text(answer, grammar)),
     )
     return DemoScript(task.id, style, plan_text(steps, task.answer, grammar), work, check, reflection, answer)
+
+
+def _plan_steps(ops: list[tuple[str, tuple[int, ...]]], style: str) -> list[str]:
+    """The plan's steps: one per operation with the question's numbers, then how to work (`style`)."""
+    (a, b) = ops[0][1]
+    steps = [f"Multiply {a:,} by {b:,}."]
+    steps += [_step(kind, numbers) for kind, numbers in ops[1:]]
+    if style == "one_call":
+        return [*steps, "Write it as one calculator expression and answer with its result."]
+    return [*steps, "Use one calculator call per step and answer with the last result."]
+
+
+def _step(kind: str, numbers: tuple[int, ...]) -> str:
+    return _PLAN_STEPS[kind].format(**dict(zip("cd", (f"{x:,}" for x in numbers), strict=False)))
 
 
 def _written(ops: list[tuple[str, tuple[int, ...]]]) -> str:
@@ -170,22 +187,35 @@ def distract_actions(
     seed: int = 0,
     grammar: Grammar = GRAMMAR,
     revise: bool | None = None,
+    mistake: str | None = None,
 ) -> DemoScript:
     """The demonstration of an arith_distract task (meta["distractors"]): the arith demonstration,
     and with `revise` (None: drawn from `seed` and the task id, REVISE_SHARE of them) a first round
-    before it in which the executor adds the first distractor, as a small executor does. The
-    meta-thinker's reflection then quotes the sentence the number comes from, says the asked
-    quantity does not depend on it, and revises the plan with a step that leaves it out; the second
-    round is the arith demonstration's work, accepted. That first round's work is never learned."""
+    before it that goes wrong with `mistake` (None: drawn the same way, one of MISTAKES):
+    - "distractor": the executor adds the first distractor, as a small executor does; the reflection
+      quotes the sentence the number comes from and says the asked quantity does not depend on it;
+    - "operation": the plan gets one add or subtract step backwards and the executor follows it; the
+      reflection quotes that step and the sentence of its number, and says what the sentence means.
+    The reflection then revises the plan; the second round is the arith demonstration's work, accepted.
+    That first round's mistaken turns are never learned. An operation mistake whose sentence cannot be
+    told apart (its number in two sentences) is shown as a distractor mistake instead."""
     script = arith_actions(task, style, seed, grammar)
     if revise is None:
         revise = random.Random(f"revise|{seed}|{task.id}").random() < REVISE_SHARE
     if not revise:
         return script
+    if mistake is None:
+        mistake = random.Random(f"mistake|{seed}|{task.id}").choice(MISTAKES)
+    if mistake not in MISTAKES:
+        raise ValueError(f"a demonstration's mistake must be one of {MISTAKES}, got {mistake!r}")
+    revision = _operation_revision(task, script, seed, grammar) if mistake == "operation" else None
+    return replace(script, revision=revision or _distractor_revision(task, script, grammar))
+
+
+def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Revision:
+    """A first round whose executor adds the first distractor, and the reflection that catches it."""
     distractor = f"{task.meta['distractors'][0]:,}"
-    # The sentence that gives the number (as a whole number: "293" is not the one inside "7,293").
-    number = re.compile(rf"(?<![\d,]){re.escape(distractor)}(?![\d,]*\d)")
-    sentence = next(s.strip() for s in task.question.split(". ") if number.search(s)).rstrip(".") + "."
+    (sentence,) = _sentences_with(task.question, distractor)
     if script.style == "one_call":
         whole = f"{_written(arith_ops(task.meta['expression']))} + {distractor}"
         wrong = calculate(whole)
@@ -205,8 +235,40 @@ def distract_actions(
         with_step(script.plan, f"Leave out {distractor}: the question does not ask about it.", grammar),
         grammar,
     )
-    revision = Revision((*work, Segment(answer_text(wrong, grammar))), reflection)
-    return replace(script, revision=revision)
+    return Revision((*work, Segment(answer_text(wrong, grammar))), reflection)
+
+
+def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Grammar) -> Revision | None:
+    """A first round whose plan has one add or subtract step backwards (the executor carries it out),
+    and the reflection that reads the step against the question; None where the step's sentence is not
+    the only one with its number, or the backwards plan could not be written out."""
+    ops = arith_ops(task.meta["expression"])
+    rng = random.Random(f"operation|{seed}|{task.id}")
+    k = rng.choice([i for i, (kind, _) in enumerate(ops) if kind in _BACKWARDS])
+    kind, numbers = ops[k]
+    found = _sentences_with(task.question, f"{numbers[0]:,}")
+    wrong_ops = [*ops[:k], (_BACKWARDS[kind], numbers), *ops[k + 1 :]]
+    plan = plan_text(_plan_steps(wrong_ops, script.style), task.answer, grammar)
+    if len(found) != 1 or GENERIC_PLAN in plan:
+        return None
+    work, wrong = (_one_call if script.style == "one_call" else _step_calls)(wrong_ops, grammar)
+    if wrong == script.answer:
+        raise ValueError(f"{task.id}: step {k + 1} backwards leaves the answer as it was")
+    reflection = revision_text(
+        f'Step {k + 1} of the plan says "{_step(_BACKWARDS[kind], numbers)}", but the question says '
+        f'"{found[0]}" That means "{_step(kind, numbers)}"',
+        "Check each step against its sentence: add what the question adds, subtract what it takes away.",
+        script.plan,
+        grammar,
+    )
+    return Revision(work, reflection, plan=plan)
+
+
+def _sentences_with(question: str, number: str) -> list[str]:
+    """The question's sentences that give `number` (as a whole number: "293" is not the one inside
+    "7,293"), each ending with its full stop."""
+    whole = re.compile(rf"(?<![\d,]){re.escape(number)}(?![\d,]*\d)")
+    return [s.strip().rstrip(".") + "." for s in question.split(". ") if whole.search(s)]
 
 
 def with_step(plan: str, step: str, grammar: Grammar = GRAMMAR) -> str:

@@ -31,14 +31,16 @@ class Segment:
 
 @dataclass(frozen=True)
 class Revision:
-    """A first round gone wrong as a small executor's often goes, and the reflection that catches it.
+    """A first round gone wrong as a small hierarchy's often goes, and the reflection that catches it.
 
     `work` is that round's first executor turn: played, so the reflection reads it, but never learned
-    (its loss mask is 0: SFT must not teach the mistake). `reflection` names the mistake and carries
-    a revised plan, which starts the second round."""
+    (its loss mask is 0: SFT must not teach the mistake). `plan`, when the mistake is the plan's, is
+    that round's plan, played and never learned the same way (None: the script's plan). `reflection`
+    names the mistake and carries a revised plan, which starts the second round."""
 
     work: tuple[Segment, ...]
     reflection: str  # reflection, lesson and a revised plan (tags included): a revise verdict
+    plan: str | None = None  # a wrong first plan (tags included), or None: the mistake is the executor's
 
 
 @dataclass(frozen=True)

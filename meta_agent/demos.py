@@ -84,8 +84,9 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
 
     The meta-thinker gets the plan and the reflection, the first executor `script.work`, later
     executors `script.check`; each executor segment is fed on its own, as a rollout generates it.
-    With `script.revision` the first round's first executor plays its work and the meta-thinker
-    revises; that work's loss mask is then set to 0 (shown to the reflection, never learned).
+    With `script.revision` the first round's first executor plays its work (after the revision's own
+    plan, if it has one) and the meta-thinker revises; that work's loss mask, and that plan's, are then
+    set to 0 (shown to the reflection, never learned).
     Returns the finished episode; raises DemoError if any step did not go as scripted or the
     episode did not end correct, untruncated, without tool errors and without a leak.
     """
@@ -101,7 +102,7 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
         turn = episode.current
         assert turn is not None
         if turn.kind == PLAN:
-            _act(episode, script.plan)
+            _act(episode, script.revision.plan if revising(episode) and script.revision.plan else script.plan)
             if not turn.format_ok:
                 raise DemoError(f"{task.id}: the plan was not read as a tagged plan: {script.plan!r}")
         elif turn.kind == REFLECT and revising(episode):
@@ -124,8 +125,9 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
             raise DemoError(
                 f"{task.id}: the first round of a revising demonstration was right: nothing to catch"
             )
+        mistaken = {EXECUTE, PLAN} if script.revision.plan else {EXECUTE}
         for t in episode.turns:
-            if t.kind == EXECUTE and t.round == 0:
+            if t.kind in mistaken and t.round == 0:
                 t.mask = [0] * len(t.mask)  # the mistake the reflection caught is not taught
     problems = [
         what

@@ -274,13 +274,17 @@ def test_distract_demos_fit_the_experiments_budgets(distract_config, chat, regis
                 assert all(len(chat.encode(s)) <= budget[turn.role] for s in segments), turn.text
 
 
-def test_distract_demos_catch_the_distractor_and_revise(distract, chat):
-    """About half revise: round 1 adds the distractor (wrong), the reflection quotes its sentence and
-    revises, round 2 is right and accepted; that first work is played but has nothing to learn."""
-    revised = [ep for ep in distract if len(ep.rounds) == 2]
-    assert 0 < len(revised) < len(distract)
-    for ep in distract:
+def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, registry):
+    """About half revise: round 1 goes wrong (the executor adds the distractor, or the plan has a step
+    backwards), the reflection quotes what went wrong and revises, round 2 is right and accepted; the
+    mistaken turns are played but have nothing to learn."""
+    cfg = distract_config
+    episodes = make_demos("arith_distract", 24, cfg.role_list, chat, registry, limits=cfg.protocol)
+    revised = [ep for ep in episodes if len(ep.rounds) == 2]
+    assert 0 < len(revised) < len(episodes)
+    for ep in episodes:
         assert ep.done and ep.correct and not ep.truncated and not ep.leaked and ep.tool_errors == 0
+    mistakes = set()
     for ep in revised:
         distractor = f"{ep.task.meta['distractors'][0]:,}"
         assert [(t.kind, t.round) for t in ep.turns] == [
@@ -290,24 +294,70 @@ def test_distract_demos_catch_the_distractor_and_revise(distract, chat):
             ("execute", 1),
             ("reflect", 1),
         ]
-        first, reflect = ep.turns[1], ep.turns[2]
+        plan, first, reflect = ep.turns[:3]
         assert not ep.rounds[0].correct and ep.rounds[1].correct
         assert ep.rounds[0].verdict == "revise" and ep.rounds[1].verdict == "accept"
-        assert distractor in first.tool_calls[-1].arguments and set(first.mask) == {0}
-        assert distractor in reflect.text and "<plan>" in reflect.text
+        assert set(first.mask) == {0} and "<plan>" in reflect.text
         assert distractor not in json.dumps([c.arguments for c in ep.turns[3].tool_calls])
-        roles = [(t.role, t.round) for t in ep.turns if any(t.mask)]
+        if "of the plan says" in reflect.text:  # a step backwards: the plan is the mistake
+            mistakes.add("operation")
+            assert set(plan.mask) == {0} and reflect.text.split("<plan>")[1] != plan.text.split("<plan>")[1]
+        else:
+            mistakes.add("distractor")
+            assert any(plan.mask) and distractor in first.tool_calls[-1].arguments
+            assert distractor in reflect.text
+        learned = [(t.role, t.kind, t.round) for t in ep.turns if any(t.mask)]
         assert [(t.role, len(t.loss_mask)) for t in ep.training_turns(0)] == [
             (t.role, len(t.mask)) for t in ep.turns if any(t.mask)
         ]
-        assert ("executor", 0) not in roles  # the mistake is not taught
-    for ep in distract:
+        assert ("executor", "execute", 0) not in learned  # the mistake is not taught
+    assert mistakes == {"distractor", "operation"}
+    for ep in episodes:
         if len(ep.rounds) == 1:
             assert ep.rounds[0].verdict == "accept" and [t.kind for t in ep.turns] == [
                 "plan",
                 "execute",
                 "reflect",
             ]
+
+
+def test_an_operation_mistake_is_a_step_backwards_read_against_its_sentence(distract_config, chat, registry):
+    """Worked by hand: 476,984 x 507 = 241,830,888; the depot ships out 1,660, so minus 1,660 is
+    241,829,228, / 892 = 271,109. Planned backwards (Add 1,660) the executor reaches 241,832,548 / 892,
+    which is no whole number; the reflection quotes step 2 and the shipping sentence, and revises."""
+    cfg = distract_config
+    task = Task(
+        "arith_distract/train/by-hand",
+        "A depot holds 476,984 crates with 507 bolts in each crate. The depot ships out 1,660 bolts. "
+        "The depot's trucks drove 7,791 kilometres last year. All the bolts are then split equally among "
+        "892 workshops. How many bolts does each workshop get?",
+        "271109",
+        "arith_distract",
+        {"expression": "(476984*507-1660)/892", "distractors": [7791]},
+    )
+    script = distract_actions(task, style="steps", revise=True, mistake="operation")
+    steps = "1. Multiply 476,984 by 507.\n2. {}\n3. Divide by 892.\n4. Use one calculator call per step and "
+    steps += "answer with the last result."
+    assert script.revision.plan == "<plan>" + steps.format("Add 1,660.") + "</plan>"
+    assert [seg.result for seg in script.revision.work] == [
+        "241830888",
+        "241832548",
+        "60458137/223 ≈ 271112.7219730941704",
+        None,
+    ]
+    assert script.revision.reflection == (
+        '<reflection>Step 2 of the plan says "Add 1,660.", but the question says "The depot ships out 1,660 '
+        'bolts." That means "Subtract 1,660."</reflection><lesson>Check each step against its sentence: add '
+        "what the question adds, subtract what it takes away.</lesson><plan>"
+        + steps.format("Subtract 1,660.")
+        + "</plan>"
+    )
+    factory = EpisodeFactory(cfg.role_list, chat, registry, grade, cfg.protocol)
+    ep = play_demo(script, task, factory)
+    assert ep.correct and [r.answer for r in ep.rounds] == ["60458137/223 ≈ 271112.7219730941704", "271109"]
+    assert [any(t.mask) for t in ep.turns] == [False, False, True, True, True]
+    with pytest.raises(ValueError, match="mistake must be one of"):
+        distract_actions(task, revise=True, mistake="arithmetic")
 
 
 def test_distract_demos_round_trip_without_the_caught_mistake(distract, tmp_path):
