@@ -19,7 +19,8 @@ summarised with the new ones (others: dropped, with a line saying so).
 
 Writes bench/results/learning.json; the default task at its top level, the reflection task in its
 `reflection_task` section (a run of one keeps the other):
-- `per_seed`: each seed's accuracies, seconds, dtype, generated tokens and probe summaries;
+- `per_seed`: each seed's accuracies, seconds, dtype, generated tokens, probe summaries and
+  `grpo_per_step` (rollout accuracy, the share of turns filtered for want of signal, seconds);
 - `seeds`, and the means over them of `base`, `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
 - `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
   paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
@@ -53,6 +54,7 @@ from omegaconf import OmegaConf
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.cli import start_run
 from meta_agent.config import as_dictconfig, load_config
+from meta_agent.report import read_jsonl
 from meta_agent.stats import seed_interval
 from meta_agent.train import train
 from training.model_files import torch_dtype
@@ -169,6 +171,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "generated_tokens": hierarchy["train/generated_tokens"],
         "seconds": round(seconds, 1),
         "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
+        "grpo_per_step": grpo_timeline(run_dir),
     }
     save()
     if args.single:
@@ -187,6 +190,22 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
             )
             save()
     return record
+
+
+def grpo_timeline(run_dir: Path) -> dict[str, list]:
+    """Per GRPO step of a run, from its metrics.jsonl: rollout accuracy (of the policy before the step's
+    update), the share of turns no update learnt from (their group's episodes all scored the same) and
+    the step's seconds. Where a seed's gain or loss happened; empty lists without the file."""
+    path = run_dir / "metrics.jsonl"
+    rows = [r for r in read_jsonl(path) if "rollout/accuracy" in r] if path.is_file() else []
+    return {
+        "rollout_accuracy": [round(r["rollout/accuracy"], 4) for r in rows],
+        "filtered_share": [
+            round(r["train/filtered_turns"] / r["train/turns"], 4) if r.get("train/turns") else None
+            for r in rows
+        ],
+        "step_seconds": [round(r["time/step_s"], 1) for r in rows],
+    }
 
 
 def single_agent(

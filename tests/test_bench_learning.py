@@ -166,3 +166,40 @@ def test_no_single_trains_the_hierarchy_alone(monkeypatch, tmp_path):
     assert ran == ["arith_hierarchy"] and "single_agent_grpo" not in record
     assert (record["sft"], record["grpo"], record["config_sha"]) == (0.5, 0.75, "abc") and saved
     assert parse_args([]).single is True
+
+
+def test_grpo_timeline_reads_the_grpo_steps_of_a_run(tmp_path):
+    """Two GRPO steps after an SFT row: 6 of 24 and 0 of 24 turns filtered (0.25, 0.0)."""
+    import json
+
+    from bench.learning import grpo_timeline
+
+    rows = [
+        {"step": 0, "eval/accuracy": 0.0},
+        {"step": 40, "sft/train/turns": 12.0},
+        {
+            "step": 1,
+            "rollout/accuracy": 0.5,
+            "train/turns": 24.0,
+            "train/filtered_turns": 6.0,
+            "time/step_s": 91.26,
+        },
+        {
+            "step": 2,
+            "rollout/accuracy": 0.75,
+            "train/turns": 24.0,
+            "train/filtered_turns": 0.0,
+            "time/step_s": 88.0,
+        },
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert grpo_timeline(tmp_path) == {
+        "rollout_accuracy": [0.5, 0.75],
+        "filtered_share": [0.25, 0.0],
+        "step_seconds": [91.3, 88.0],
+    }
+    assert grpo_timeline(tmp_path / "missing") == {
+        "rollout_accuracy": [],
+        "filtered_share": [],
+        "step_seconds": [],
+    }
