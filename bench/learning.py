@@ -253,7 +253,8 @@ def summarize(per_seed: Sequence[dict]) -> dict:
         out[key] = mean_of([r.get(key) for r in both])
     out |= interval_keys("grpo_minus_sft", [r["grpo"] - r["sft"] for r in trained])
     out |= interval_keys("hierarchy_minus_single", [r["grpo"] - r["single_agent_grpo"] for r in both])
-    for dtype in sorted({r["dtype"] for r in trained}):  # seeds may come from CPUs of both kinds
+    # Seeds may come from CPUs of both kinds; a kind none ran on is None, so the file says it is missing.
+    for dtype in sorted({"bfloat16", "float32"} | {r["dtype"] for r in trained}):
         out[f"hierarchy_seconds_{dtype}"] = mean_of([r["seconds"] for r in trained if r["dtype"] == dtype])
     probes: dict = {}
     for stage in ("before_grpo", "after_grpo"):
@@ -276,7 +277,7 @@ def meets(summary: dict) -> dict[str, bool | None]:
     """Which targets the summary meets (see TARGETS); None where it cannot say (no interval, no run).
     The time target holds on every kind of CPU the seeds ran on."""
     gain, low = summary["grpo_minus_sft_mean"], summary["grpo_minus_sft_ci_low"]
-    times = [v for k, v in summary.items() if k.startswith("hierarchy_seconds_")]
+    times = [v for k, v in summary.items() if k.startswith("hierarchy_seconds_") and v is not None]
     seconds = max(times, default=None)
     return {
         "grpo_minus_base": None

@@ -39,6 +39,7 @@ def test_two_seeds_by_hand():
     assert got["hierarchy_minus_single_mean"] == pytest.approx(0.0)
     assert got["hierarchy_minus_single_ci_high"] == 1.2706
     assert got["hierarchy_seconds_float32"] == 600.0
+    assert got["hierarchy_seconds_bfloat16"] is None  # no seed ran on such a CPU: said, not left out
     before = got["probes"]["before_grpo"]  # one seed probed: a mean, no interval
     assert before["seeds"] == 1 and before["self_correction"] == 0.1 and before["revise_recall"] is None
     assert (before["no_reflection_minus_base_mean"], before["no_reflection_minus_base_ci_low"]) == (
