@@ -96,7 +96,7 @@ def train_args(model_dir: Path, start: Path, run_dir: Path, memory: Path, *extra
         "train.trace_every=1",
         # Adam's first steps move a weight by about lr whatever its gradient's size, so gradients that
         # agree to float rounding (1e-7) can still differ by up to ~lr on weights whose gradient is ~0:
-        # the default lr (1e-4, SFT 3e-4) keeps that well inside the 1e-5 the adapters are compared at.
+        # the default lr (1e-4, SFT 3e-4) keeps that to a rare weight (see assert_same).
         f"run_dir={run_dir}",
         f"memory.path={memory}",
         *extra,
@@ -124,9 +124,17 @@ def read_adapters(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-5) -> None:
+    """Every weight within `atol`, but for at most one in 10,000 within 1e-4: Adam moves a weight whose
+    gradient is ~0 by up to about lr whichever way float rounding tips it (on an AMD EPYC, AVX512, one
+    lora_A weight of 65,536 differed by 1.5e-5 after a GRPO step, all others by under 3e-6). Gradients
+    summed wrongly over ranks would move many weights, and by more."""
     assert a.keys() == b.keys()
+    outside, total = 0, 0
     for name, value in a.items():
-        assert torch.allclose(value, b[name], atol=atol, rtol=0), (name, (value - b[name]).abs().max())
+        diff = (value - b[name]).abs()
+        assert float(diff.max()) <= 1e-4, (name, float(diff.max()))
+        outside, total = outside + int((diff > atol).sum()), total + diff.numel()
+    assert outside <= total // 10_000, f"{outside} of {total} weights differ by more than {atol}"
 
 
 def test_two_processes_train_the_same_adapters_as_one_and_resume_exactly(

@@ -222,6 +222,7 @@ def test_tensor_parallel_engine_serves_the_same_policy(backbone, tokenizer):
     """backend.vllm.tensor_parallel_size=2 (on a CPU: two workers, one core each): the weights and each
     role's adapter split over two workers give HF's greedy tokens and logprobs for every adapter, and the
     trainer's logprobs for sampled tokens, also after an adapter sync."""
+    pytest.importorskip("vllm")  # `make test` without the vllm extra skips it, as the module says
     settings = VLLMSettings(kv_cache_gib=0.25, max_model_len=1024, max_num_seqs=32, tensor_parallel_size=2)
     with VLLMBackend(backbone, settings=settings) as split:
         assert_greedy_matches_hf(split, backbone, tokenizer)
