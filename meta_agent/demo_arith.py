@@ -215,7 +215,7 @@ def distract_actions(
 def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Revision:
     """A first round whose executor adds the first distractor, and the reflection that catches it."""
     distractor = f"{task.meta['distractors'][0]:,}"
-    (sentence,) = _sentences_with(task.question, distractor)
+    sentence = _sentences_with(task.question, distractor)[0]
     if script.style == "one_call":
         whole = f"{_written(arith_ops(task.meta['expression']))} + {distractor}"
         wrong = calculate(whole)

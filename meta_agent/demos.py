@@ -102,9 +102,10 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
         turn = episode.current
         assert turn is not None
         if turn.kind == PLAN:
-            _act(episode, script.revision.plan if revising(episode) and script.revision.plan else script.plan)
+            plan = script.revision.plan if revising(episode) and script.revision.plan else script.plan
+            _act(episode, plan)
             if not turn.format_ok:
-                raise DemoError(f"{task.id}: the plan was not read as a tagged plan: {script.plan!r}")
+                raise DemoError(f"{task.id}: the plan was not read as a tagged plan: {plan!r}")
         elif turn.kind == REFLECT and revising(episode):
             _act(episode, script.revision.reflection)
             if episode.done or episode.round != 1:
