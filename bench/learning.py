@@ -14,7 +14,8 @@ experiment's wall time), then its single-agent experiment up to the same generat
 `meta-agent probe` of each adapter set (sft-best: before GRPO; the last checkpoint: after it) with two
 rounds allowed and the arms `no_reflection` (one round) and `no_plan`. The file is written after every
 part, so a stopped run keeps what it finished; seeds run before with the same overrides and the same
-resolved settings (`config_sha`: an edited experiment yaml is another experiment) are kept and
+resolved settings and code (`config_sha`, over the settings and `TRAINING_REVISION`: an edited experiment
+yaml, or code that trains differently, is another experiment) are kept and
 summarised with the new ones (others: dropped, with a line saying so).
 
 Writes bench/results/learning.json; the default task at its top level, the reflection task in its
@@ -76,6 +77,9 @@ REFLECTION_TARGETS = {
     "revise_recall_after": 0.3,
     "revise_precision_after": 0.5,
 }
+# What the code trains, beside its settings: changed with any change to the code that alters what a seed
+# learns (a reward, a loss, a sampler), so that the fingerprint keeps seeds of older code out of the means.
+TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan breaks its format"
 PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_rate", "accept_given_wrong")
 
 
@@ -122,12 +126,14 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
 
 def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides),
-    and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder:
-    seeds are summarised together only when they ran the same experiment, however its yaml changed."""
+    and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder, and of
+    TRAINING_REVISION: seeds are summarised together only when they ran the same experiment with the
+    same training code, however its yaml changed."""
     cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
     dtype = str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
     settings = OmegaConf.to_container(as_dictconfig(cfg), resolve=True)
-    sha = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    fingerprinted = {"settings": settings, "training_revision": TRAINING_REVISION}
+    sha = hashlib.sha256(json.dumps(fingerprinted, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return dtype, sha
 
 

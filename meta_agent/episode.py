@@ -243,17 +243,20 @@ class Episode:
         assert self.meta is not None
         out = parse_reflection(turn.text, self.meta.grammar)
         grammar = self.meta.grammar
-        # Kept only when closed: a reflection or lesson that ran out of tokens broke its format.
+        self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
+        self.rounds[-1].verdict_tagged = out.plan is not None or grammar.verdict[1] in turn.text
+        # Kept only when closed: a reflection or lesson that ran out of tokens broke its format. So did one
+        # that ends in neither a verdict nor a plan: it counts as accepting (parse_reflection), and costs
+        # the format penalty, or sampling drifts into reflections that ramble past their verdict.
         lesson_open = grammar.lesson[0] in turn.text and grammar.lesson[1] not in turn.text
         turn.format_ok = (
             out.reflection is not None
             and all(tag in turn.text for tag in grammar.reflection)
             and not lesson_open
+            and self.rounds[-1].verdict_tagged
             and not turn.forged
         )
         self.lesson = out.lesson
-        self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
-        self.rounds[-1].verdict_tagged = out.plan is not None or grammar.verdict[1] in turn.text
         revise = out.verdict == REVISE and self.round + 1 < self.limits.max_rounds
         if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
             self.round += 1

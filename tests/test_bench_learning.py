@@ -142,6 +142,15 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
     assert settings_of("arith_hierarchy", ["model.dtype=float32"])[0] == "float32"
 
 
+def test_the_fingerprint_follows_the_training_code(monkeypatch):
+    """Code that trains differently (TRAINING_REVISION) is another experiment, with the same settings."""
+    import bench.learning as learning
+
+    before = learning.settings_of("arith_hierarchy", [])[1]
+    monkeypatch.setattr(learning, "TRAINING_REVISION", "a later reward")
+    assert learning.settings_of("arith_hierarchy", [])[1] != before
+
+
 def test_no_single_trains_the_hierarchy_alone(monkeypatch, tmp_path):
     """--no-single --probe-limit 0: one run per seed, the hierarchy's, and its record has no baseline."""
     import bench.learning as learning

@@ -284,6 +284,17 @@ def test_runaway_plan_or_reflection_costs_the_meta_thinker_and_stores_no_lesson(
         ep.advance_text(action)
     assert not ep.turns[-1].format_ok
     assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
+    # A reflection that closes its tags and then rambles past its verdict (seen in GRPO rollouts sampled
+    # at temperature 1.0) accepts, keeps its lesson, and costs the penalty.
+    ep = make_episode("hierarchy")
+    rambling = (
+        "<reflection>ok</reflection><lesson>use the calculator</lesson><versus>copy the result</versing>"
+    )
+    for action in (PLAN, CALC, answer(TASK.answer), rambling):
+        ep.advance_text(action)
+    assert ep.done and ep.lesson == "use the calculator" and not ep.turns[-1].format_ok
+    assert (ep.rounds[-1].verdict, ep.rounds[-1].verdict_tagged) == ("accept", False)
+    assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
 
 
 # ---- (d) single agent, (e) two executors ------------------------------------------------------------
