@@ -48,3 +48,19 @@ def test_one_query_attention_matches_sdpa_under_a_padding_mask():
         out, _ = sdpa_gqa_attention(torch.nn.Module(), query, key, value, attention_mask)
         assert out.shape == (3, 1, 6, 8)
         assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_one_query_attention_in_bfloat16_reads_a_cache_view_right():
+    """bfloat16 takes the K @ q^T path, on keys that are a view into a longer buffer (the decode cache)."""
+    torch.manual_seed(0)
+    query = torch.randn(2, 6, 1, 8).bfloat16()
+    buffer = torch.randn(2, 2, 16, 8).bfloat16()  # [B, Hkv, capacity, D]
+    key, value = buffer[:, :, :10], buffer.flip(-1)[:, :, :10]
+    mask = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    out, _ = sdpa_gqa_attention(torch.nn.Module(), query, key, value, mask)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 1, 6, 8)
+    assert torch.allclose(out.float(), expected, atol=3e-2)

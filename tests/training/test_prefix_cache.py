@@ -116,6 +116,33 @@ def test_identical_prompts_in_one_batch_match_separate_runs(tiny_backbone, token
     assert len({r.token_ids for r in together}) > 1  # different seeds, different samples
 
 
+def test_prompts_that_share_a_system_prompt_run_it_once_and_match_separate_runs(tiny_backbone, tokenizer):
+    system = "You are an executor. Solve the problem step by step with the calculator tool. " * 2
+    prompts = [tuple(tokenizer(system + q)["input_ids"]) for q in ("Q: 3 * 7?", "Q: 12 + 30?", "Q: 8 - 5?")]
+    shared = min(common_prefix(torch.tensor(prompts[0]), torch.tensor(p)) for p in prompts[1:])
+    assert shared >= 16
+    requests = [GenerationRequest(ROLES[1], p, HOT, seed=i) for i, p in enumerate(prompts)]
+    requests.append(GenerationRequest(ROLES[0], prompts[0], HOT, seed=7))  # alone on its adapter
+    backend = HFBackend(tiny_backbone)
+    together = backend.generate(requests)
+    for i, request in enumerate(requests):
+        assert_same(
+            together[i], HFBackend(tiny_backbone, prefix_cache_mb=0).generate([request])[0], f"request {i}"
+        )
+    # The shared beginning ran once; each of the three prompts started from it.
+    assert backend.prefix.hits == 3 * shared
+    assert backend.prefix.misses == shared + sum(len(p) for p in prompts) - 3 * shared + len(prompts[0])
+
+
+def test_lookup_that_only_looks_counts_nothing():
+    cache = PrefixCache(max_bytes=1 << 20)
+    cache.store(entry("a", [1, 2, 3]))
+    found, n = cache.lookup("a", torch.tensor([1, 2, 3, 4]), count=False)
+    assert n == 3 and found.tokens.tolist() == [1, 2, 3]
+    assert cache.lookup("a", torch.tensor([9]), count=False) == (None, 0)
+    assert cache.hits == 0 and cache.misses == 0
+
+
 def test_states_computed_before_a_weight_change_are_not_reused(tiny_backbone, tokenizer):
     prompt = tuple(tokenizer("Q: 12 + 30 = ?")["input_ids"])
     request = GenerationRequest(ROLES[1], prompt, GREEDY)

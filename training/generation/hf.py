@@ -17,13 +17,14 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from training.backbone import BASE_ADAPTER, Backbone
-from training.generation.prefix_cache import CachedPrefix, PrefixCache, weights_fingerprint
+from training.generation.prefix_cache import CachedPrefix, PrefixCache, common_prefix, weights_fingerprint
 from training.mixed_lora import RowAdapters
 from training.types import GenerationRequest, GenerationResult, repeats_at_end
 
 NUCLEUS_CANDIDATES = 1024
 BATCH_SIZE = 16  # rows per forward pass (backend.batch_size)
 PREFIX_CACHE_MB = 2048  # key/value states kept for prompts that extend earlier ones (backend.prefix_cache_mb)
+MIN_SHARED_PREFIX = 16  # tokens that uncached prompts of one adapter must share to have them run once
 
 
 def default_eos_ids(backbone: Backbone) -> frozenset[int]:
@@ -206,6 +207,8 @@ class HFBackend:
         unique: dict[tuple, list[int]] = {}
         for i, r in enumerate(requests):
             unique.setdefault((adapters[i], r.prompt_ids), []).append(i)
+        firsts = [indices[0] for indices in unique.values()]
+        self._share_prefixes([(adapters[i], prompts[i]) for i in firsts])
         items = []
         for indices in unique.values():
             i = indices[0]
@@ -218,6 +221,29 @@ class HFBackend:
                 for i in item.indices:
                     states[i] = state
         return states
+
+    def _share_prefixes(self, prompts: list[tuple[str, torch.Tensor]]) -> None:
+        """Distinct (adapter, prompt)s that the cache cannot start (the first requests after an update)
+        have the beginning that all of one adapter's share (its system prompt, the tools' descriptions)
+        run once and stored: each then starts from it."""
+        if self.prefix.max_bytes == 0:
+            return
+        uncached: dict[str, list[torch.Tensor]] = {}
+        for adapter, prompt in prompts:
+            if self.prefix.lookup(adapter, prompt, count=False)[1] < MIN_SHARED_PREFIX:
+                uncached.setdefault(adapter, []).append(prompt)
+        for adapter, group in uncached.items():
+            if len(group) < 2:
+                continue
+            n = min(len(p) for p in group) - 1  # each prompt's last token is run for its logits
+            for prompt in group[1:]:
+                n = min(n, common_prefix(group[0], prompt))
+            if n < MIN_SHARED_PREFIX:
+                continue
+            shared = group[0][:n]
+            (state,) = self._prefill_group([_Pending([], shared, adapter, None, 0)])
+            self.prefix.misses += n
+            self.prefix.store(CachedPrefix(adapter, shared, state.keys, state.values))
 
     def _prefill_group(self, group: list[_Pending]) -> list[_State]:
         """One forward pass over the uncached tails of `group`, after their cached prefixes."""

@@ -78,10 +78,13 @@ class PrefixCache:
         self._entries.clear()
         self._bytes = 0
 
-    def lookup(self, adapter: str, prompt: torch.Tensor) -> tuple[CachedPrefix | None, int]:
+    def lookup(
+        self, adapter: str, prompt: torch.Tensor, *, count: bool = True
+    ) -> tuple[CachedPrefix | None, int]:
         """The entry sharing the longest prefix with `prompt`, and how many tokens it covers.
 
         At most len(prompt) - 1 tokens are covered: the last prompt token is always run, for its logits.
+        count=False only looks: the hits and misses stay as they were, the entries' order too.
         """
         best, best_n = None, 0
         for key, entry in self._entries.items():
@@ -91,6 +94,8 @@ class PrefixCache:
             if n > best_n:
                 best, best_n, best_key = entry, n, key
         n = min(best_n, len(prompt) - 1)
+        if not count:
+            return (best, n) if best is not None and n > 0 else (None, 0)
         if best is not None and n > 0:
             self._entries.move_to_end(best_key)
             self.hits += n
