@@ -23,13 +23,13 @@ from meta_agent.demo_script import (
     answer_text,
     calculate,
     call_text,
+    fix_text,
     join_words,
     plan_text,
     reflection_text,
-    revision_text,
 )
 from meta_agent.tasks import Task
-from roles import Grammar
+from roles import Grammar, plan_steps
 
 STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
 # arith_distract: the share of demonstrations whose first round goes wrong and is revised ...
@@ -228,11 +228,13 @@ def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Re
         work = (*script.work[:-1], Segment(text, wrong))
     if wrong == script.answer:
         raise ValueError(f"{task.id}: adding the distractor {distractor} leaves the answer as it was")
-    reflection = revision_text(
+    steps = plan_steps(script.plan.removeprefix(grammar.plan[0]).removesuffix(grammar.plan[1]))
+    reflection = fix_text(
         f'The executor added {distractor}, which the question gives only in "{sentence}" The asked '
         "quantity does not depend on it.",
         "Use only the numbers the asked quantity depends on.",
-        with_step(script.plan, f"Leave out {distractor}: the question does not ask about it.", grammar),
+        steps + 1,
+        f"Leave out {distractor}: the question does not ask about it.",
         grammar,
     )
     return Revision((*work, Segment(answer_text(wrong, grammar))), reflection)
@@ -254,11 +256,12 @@ def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Gram
     work, wrong = (_one_call if script.style == "one_call" else _step_calls)(wrong_ops, grammar)
     if wrong == script.answer:
         raise ValueError(f"{task.id}: step {k + 1} backwards leaves the answer as it was")
-    reflection = revision_text(
+    reflection = fix_text(
         f'Step {k + 1} of the plan says "{_step(_BACKWARDS[kind], numbers)}", but the question says '
         f'"{found[0]}" That means "{_step(kind, numbers)}"',
         "Check each step against its sentence: add what the question adds, subtract what it takes away.",
-        script.plan,
+        k + 1,
+        _step(kind, numbers),
         grammar,
     )
     return Revision(work, reflection, plan=plan)
@@ -269,12 +272,3 @@ def _sentences_with(question: str, number: str) -> list[str]:
     "7,293"), each ending with its full stop."""
     whole = re.compile(rf"(?<![\d,]){re.escape(number)}(?![\d,]*\d)")
     return [s.strip().rstrip(".") + "." for s in question.split(". ") if whole.search(s)]
-
-
-def with_step(plan: str, step: str, grammar: Grammar = GRAMMAR) -> str:
-    """A tagged plan with one more step at its end, numbered or bulleted as its steps are."""
-    body = plan.removeprefix(grammar.plan[0]).removesuffix(grammar.plan[1])
-    lines = body.split("\n")
-    number = re.match(r"(\d+)\. ", lines[-1])
-    bullet = f"{int(number[1]) + 1}. " if number else "- "
-    return f"{grammar.plan[0]}{body}\n{bullet}{step}{grammar.plan[1]}"

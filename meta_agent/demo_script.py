@@ -36,10 +36,11 @@ class Revision:
     `work` is that round's first executor turn: played, so the reflection reads it, but never learned
     (its loss mask is 0: SFT must not teach the mistake). `plan`, when the mistake is the plan's, is
     that round's plan, played and never learned the same way (None: the script's plan). `reflection`
-    names the mistake and carries a revised plan, which starts the second round."""
+    names the mistake and fixes the one step of the plan that caused it (a step the executor must not
+    skip, or the step as it should be), which starts the second round."""
 
     work: tuple[Segment, ...]
-    reflection: str  # reflection, lesson and a revised plan (tags included): a revise verdict
+    reflection: str  # reflection, lesson and a fix of one plan step (tags included): a revise verdict
     plan: str | None = None  # a wrong first plan (tags included), or None: the mistake is the executor's
 
 
@@ -105,10 +106,11 @@ def reflection_text(reflection: str, lesson: str, grammar: Grammar) -> str:
     return f"{r_open}{reflection}{r_close}{l_open}{lesson}{l_close}{v_open}accept{v_close}"
 
 
-def revision_text(reflection: str, lesson: str, plan: str, grammar: Grammar) -> str:
-    """A tagged reflection and lesson, then a revised (tagged) plan: the verdict "revise"."""
-    (r_open, r_close), (l_open, l_close) = grammar.reflection, grammar.lesson
-    return f"{r_open}{reflection}{r_close}{l_open}{lesson}{l_close}{plan}"
+def fix_text(reflection: str, lesson: str, step: int, text: str, grammar: Grammar) -> str:
+    """A tagged reflection and lesson, then a fix of one plan step (roles.apply_fix): the verdict
+    "revise". `step` one past the plan's last adds `text` as a new step."""
+    (r_open, r_close), (l_open, l_close), (f_open, f_close) = grammar.reflection, grammar.lesson, grammar.fix
+    return f'{r_open}{reflection}{r_close}{l_open}{lesson}{l_close}{f_open} step="{step}">{text}{f_close}'
 
 
 def answer_text(value: str, grammar: Grammar) -> str:

@@ -40,6 +40,7 @@ from roles import (
     REVISE,
     Outcome,
     RoleSpec,
+    apply_fix,
     check_roles,
     executors,
     meta_thinker,
@@ -244,10 +245,15 @@ class Episode:
         out = parse_reflection(turn.text, self.meta.grammar)
         grammar = self.meta.grammar
         self.rounds[-1].verdict = out.verdict  # what the meta-thinker judged, whether or not a round follows
-        self.rounds[-1].verdict_tagged = out.plan is not None or grammar.verdict[1] in turn.text
+        # A fix rewrites one step of the plan; one naming a step the plan lacks changes nothing and breaks
+        # the format, though the revision stands (the next round sees the reflection).
+        fixed = apply_fix(self.plan, *out.fix) if out.fix else None
+        self.rounds[-1].verdict_tagged = (
+            out.plan is not None or fixed is not None or grammar.verdict[1] in turn.text
+        )
         # Kept only when closed: a reflection or lesson that ran out of tokens broke its format. So did one
-        # that ends in neither a verdict nor a plan: it counts as accepting (parse_reflection), and costs
-        # the format penalty, or sampling drifts into reflections that ramble past their verdict.
+        # that ends in neither a verdict nor a plan nor a fix: it counts as accepting (parse_reflection), and
+        # costs the format penalty, or sampling drifts into reflections that ramble past their verdict.
         lesson_open = grammar.lesson[0] in turn.text and grammar.lesson[1] not in turn.text
         turn.format_ok = (
             out.reflection is not None
@@ -260,7 +266,7 @@ class Episode:
         revise = out.verdict == REVISE and self.round + 1 < self.limits.max_rounds
         if revise and not out_of_budget and len(self.turns) < self.limits.max_turns:
             self.round += 1
-            self.plan = out.plan or self.plan
+            self.plan = out.plan or fixed or self.plan
             self._executor_index = 0
             self._start_turn(EXECUTE)
         else:

@@ -79,7 +79,8 @@ class RoundRecord:
     answer: str | None  # this round's answer: the last executor that answered; None if none did
     correct: bool  # that answer passes the task's verifier
     verdict: str | None = None  # the meta-thinker's reflection: accept | revise; None without a reflection
-    # the verdict was written (a verdict tag, or a revised plan); else the protocol accepted by default
+    # the verdict was written (a verdict tag, a revised plan or a fix that applied); else the protocol
+    # accepted by default
     verdict_tagged: bool = False
     ended: bool = False  # the episode ended after this round
     plan: str | None = None  # the plan this round's executors were shown (None: none was shown)

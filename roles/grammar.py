@@ -22,6 +22,8 @@ class Grammar:
     reflection: tuple[str, str] = ("<reflection>", "</reflection>")
     lesson: tuple[str, str] = ("<lesson>", "</lesson>")
     verdict: tuple[str, str] = ("<verdict>", "</verdict>")
+    # A revision of one step of the plan: <fix step="2">Subtract 1,660.</fix> (apply_fix)
+    fix: tuple[str, str] = ("<fix", "</fix>")
 
     def executor_stops(self) -> tuple[str, ...]:
         """Generation pauses after a tool call (the env runs it) and ends after an answer."""
@@ -31,8 +33,8 @@ class Grammar:
         return (self.plan[1],)
 
     def reflect_stops(self) -> tuple[str, ...]:
-        # A reflection ends with a verdict, or with a revised plan.
-        return (self.verdict[1], self.plan[1])
+        # A reflection ends with a verdict, a revised plan or a fixed step.
+        return (self.verdict[1], self.plan[1], self.fix[1])
 
     def wrap_tool_result(self, output: str) -> str:
         return f"\n{self.tool_result[0]}\n{output}\n{self.tool_result[1]}\n"
@@ -53,10 +55,13 @@ class MetaOutput:
     reflection: str | None
     lesson: str | None
     verdict: str  # "accept" or "revise"
+    fix: tuple[int, str] | None = None  # (step number, its new text): a revision of one step of the plan
 
 
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_FIX_HEAD = re.compile(r"\s+step\s*=\s*[\"']?\s*(\d+)\s*[\"']?\s*>")  # after "<fix": ' step="2">'
+_STEP_MARK = re.compile(r"\s*(?:\d+[.)]|[-*])\s+")  # a plan step's number or bullet, and its space
 
 
 def _between(text: str, tags: tuple[str, str], *, last: bool = True) -> str | None:
@@ -116,19 +121,69 @@ def parse_plan(text: str, grammar: Grammar) -> tuple[str | None, bool]:
 def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
     """Parse a reflection turn: reflection, lesson, and a verdict.
 
-    A reflection that carries a new plan is a revision whatever its verdict says; with neither a
-    verdict nor a plan it accepts, so a rambling reflection cannot loop the episode. An unclosed
-    lesson is dropped.
+    A reflection that carries a new plan, or a closed fix of one step, is a revision whatever its verdict
+    says (a whole plan wins over a fix); with neither a verdict nor a plan nor a fix it accepts, so a
+    rambling reflection cannot loop the episode. An unclosed lesson is dropped.
     """
     plan = _between(text, grammar.plan)
+    fix = None if plan else parse_fix(text, grammar)
     reflection = _between(text, grammar.reflection, last=False)
     if reflection is None:
         reflection = text.split(grammar.lesson[0])[0].strip() or None
     # A lesson cut off mid-sentence (out of tokens) is not stored: memory keeps only finished ones.
     lesson = _between(text, grammar.lesson) if grammar.lesson[1] in text else None
     verdict_text = (_between(text, grammar.verdict) or "").lower()
-    verdict = REVISE if plan or REVISE in verdict_text else ACCEPT
-    return MetaOutput(plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict)
+    verdict = REVISE if plan or fix or REVISE in verdict_text else ACCEPT
+    return MetaOutput(
+        plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict, fix=fix
+    )
+
+
+def parse_fix(text: str, grammar: Grammar) -> tuple[int, str] | None:
+    """The last closed `<fix step="N">text</fix>` of a reflection as (N, text); None without one, or
+    when it is cut off, names no step or leaves the step empty."""
+    open_tag, close_tag = grammar.fix
+    start = text.rfind(open_tag)
+    end = text.find(close_tag, start) if start >= 0 else -1
+    if end < 0:
+        return None
+    found = _FIX_HEAD.match(text, start + len(open_tag), end)
+    if found is None:
+        return None
+    body = _STEP_MARK.sub("", text[found.end() : end].strip(), count=1).strip()
+    return (int(found[1]), body) if body else None
+
+
+def plan_steps(plan: str | None) -> int:
+    """How many steps a plan (its text inside the tags) has, as apply_fix counts them."""
+    return len(_step_lines((plan or "").split("\n")))
+
+
+def _step_lines(lines: list[str]) -> list[int]:
+    return [i for i, line in enumerate(lines) if _STEP_MARK.match(line)]
+
+
+def apply_fix(plan: str | None, step: int, text: str) -> str | None:
+    """`plan` with step `step` rewritten as `text`, or with `text` added as its next step (step = the
+    plan's steps + 1), numbered or bulleted as its steps are; None when the plan has no such step.
+
+    A plan's steps are its lines that start with a number ("2. ", "2) ") or a bullet ("- ", "* "); a
+    plan with none of them is one step, which a fix of step 1 replaces.
+    """
+    lines = (plan or "").split("\n")
+    steps = _step_lines(lines)
+    if not steps:
+        return text if step == 1 else None
+    if 1 <= step <= len(steps):
+        line = lines[steps[step - 1]]
+        lines[steps[step - 1]] = line[: _STEP_MARK.match(line).end()] + text
+        return "\n".join(lines)
+    if step == len(steps) + 1:
+        last = _STEP_MARK.match(lines[steps[-1]])
+        number = re.match(r"\s*(\d+)", last[0])
+        mark = f"{int(number[1]) + 1}. " if number else last[0]
+        return "\n".join([*lines, f"{mark}{text}"])
+    return None
 
 
 def states_answer(text: str, answer: str | None, grammar: Grammar, question: str = "") -> bool:

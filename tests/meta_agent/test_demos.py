@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.demo_arith import with_step
 from meta_agent.demos import (
     GENERIC_PLAN,
     DemoError,
@@ -297,15 +296,20 @@ def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, regi
         plan, first, reflect = ep.turns[:3]
         assert not ep.rounds[0].correct and ep.rounds[1].correct
         assert ep.rounds[0].verdict == "revise" and ep.rounds[1].verdict == "accept"
-        assert set(first.mask) == {0} and "<plan>" in reflect.text
+        assert set(first.mask) == {0} and reflect.text.endswith("</fix>") and "<plan>" not in reflect.text
         assert distractor not in json.dumps([c.arguments for c in ep.turns[3].tool_calls])
+        first_plan, second_plan = ep.rounds[0].plan, ep.rounds[1].plan
         if "of the plan says" in reflect.text:  # a step backwards: the plan is the mistake
             mistakes.add("operation")
-            assert set(plan.mask) == {0} and reflect.text.split("<plan>")[1] != plan.text.split("<plan>")[1]
+            assert set(plan.mask) == {0}
+            # The fix rewrote that one step: the plans differ in exactly one line.
+            changed = [a != b for a, b in zip(first_plan.split("\n"), second_plan.split("\n"), strict=True)]
+            assert sum(changed) == 1
         else:
             mistakes.add("distractor")
             assert any(plan.mask) and distractor in first.tool_calls[-1].arguments
             assert distractor in reflect.text
+            assert second_plan.startswith(first_plan + "\n") and f"Leave out {distractor}" in second_plan
         learned = [(t.role, t.kind, t.round) for t in ep.turns if any(t.mask)]
         assert [(t.role, len(t.loss_mask)) for t in ep.training_turns(0)] == [
             (t.role, len(t.mask)) for t in ep.turns if any(t.mask)
@@ -348,13 +352,12 @@ def test_an_operation_mistake_is_a_step_backwards_read_against_its_sentence(dist
     assert script.revision.reflection == (
         '<reflection>Step 2 of the plan says "Add 1,660.", but the question says "The depot ships out 1,660 '
         'bolts." That means "Subtract 1,660."</reflection><lesson>Check each step against its sentence: add '
-        "what the question adds, subtract what it takes away.</lesson><plan>"
-        + steps.format("Subtract 1,660.")
-        + "</plan>"
+        'what the question adds, subtract what it takes away.</lesson><fix step="2">Subtract 1,660.</fix>'
     )
     factory = EpisodeFactory(cfg.role_list, chat, registry, grade, cfg.protocol)
     ep = play_demo(script, task, factory)
     assert ep.correct and [r.answer for r in ep.rounds] == ["60458137/223 ≈ 271112.7219730941704", "271109"]
+    assert ep.rounds[1].plan == steps.format("Subtract 1,660.")  # the fix applied to the backwards plan
     assert [any(t.mask) for t in ep.turns] == [False, False, True, True, True]
     with pytest.raises(ValueError, match="mistake must be one of"):
         distract_actions(task, revise=True, mistake="arithmetic")
@@ -380,11 +383,3 @@ def test_a_revision_needs_a_second_round_and_a_lone_executor_never_revises(role_
         "arith_distract", 4, role_sets["two_executors"], chat, registry, limits=Limits(max_rounds=2)
     )
     assert all(ep.correct and len(ep.rounds) == 1 for ep in checked)  # a checker would get round 1 right
-
-
-def test_with_step_numbers_or_bullets_as_the_plan_does():
-    assert (
-        with_step("<plan>1. Add 2.\n2. Add 3.</plan>", "Stop.")
-        == "<plan>1. Add 2.\n2. Add 3.\n3. Stop.</plan>"
-    )
-    assert with_step("<plan>- Add 2.</plan>", "Stop.") == "<plan>- Add 2.\n- Stop.</plan>"

@@ -72,7 +72,7 @@ def test_hierarchy_happy_path(make_episode, chat, role_sets):
     assert (exe.answer, exe.format_ok) == (TASK.answer, True)
     reflect = ep.current
     assert (reflect.role, reflect.kind, reflect.round) == ("meta_thinker", "reflect", 0)
-    assert ep.request().sampling.stop == ("</verdict>", "</plan>")
+    assert ep.request().sampling.stop == ("</verdict>", "</plan>", "</fix>")
     seen = prompt_text(chat, reflect)
     assert "[executor]" in seen and observation.strip() in seen
     assert f"Its final answer: {TASK.answer}" in seen
@@ -149,6 +149,40 @@ def test_revised_plan_starts_a_second_round(make_episode, chat):
     assert (ep.final_answer, ep.correct) == (TASK.answer, True)
     assert ep.lesson == "check twice"
     assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
+
+
+def test_a_fix_rewrites_one_step_of_the_plan_for_the_next_round(make_episode, chat):
+    ep = make_episode("hierarchy")  # max_rounds=2
+    ep.advance_text("<plan>1. Multiply 728 by 734.\n2. Subtract 21,139.\n3. Answer.</plan>")
+    ep.advance_text(answer(WRONG))
+    assert "</fix>" in ep.request().sampling.stop  # a fix ends the reflection, as a plan does
+    ep.advance_text(
+        '<reflection>step 2 is backwards</reflection><lesson>read each sentence</lesson><fix step="2">Add 21,139.</fix>'
+    )
+    assert not ep.done and ep.round == 1 and ep.rounds[0].verdict == "revise"
+    assert ep.rounds[0].verdict_tagged and ep.turns[-2].format_ok
+    assert ep.plan == "1. Multiply 728 by 734.\n2. Add 21,139.\n3. Answer."
+    assert "Plan from the meta-thinker:\n1. Multiply 728 by 734.\n2. Add 21,139.\n3. Answer." in prompt_text(
+        chat, ep.current
+    )
+    ep.advance_text(CALC)
+    ep.advance_text(answer(TASK.answer))
+    ep.advance_text(REFLECTION)
+    assert ep.done and ep.correct and [r.correct for r in ep.rounds] == [False, True]
+
+
+def test_a_fix_of_a_step_the_plan_lacks_keeps_the_plan_and_breaks_the_format(make_episode, role_sets):
+    penalty = rewards_spec(role_sets, "hierarchy")["meta_thinker"].format_penalty
+    ep = make_episode("hierarchy")
+    ep.advance_text("<plan>1. Multiply 728 by 734.\n2. Add 21,139.</plan>")
+    ep.advance_text(answer(WRONG))
+    ep.advance_text('<reflection>wrong</reflection><lesson>check</lesson><fix step="7">Add 1.</fix>')
+    assert ep.round == 1 and ep.rounds[0].verdict == "revise" and not ep.rounds[0].verdict_tagged
+    assert ep.plan == "1. Multiply 728 by 734.\n2. Add 21,139." and not ep.turns[2].format_ok
+    ep.advance_text(CALC)
+    ep.advance_text(answer(TASK.answer))
+    ep.advance_text(REFLECTION)
+    assert ep.correct and ep.rewards["meta_thinker"] == pytest.approx(1.0 - penalty)
 
 
 def test_max_rounds_one_allows_no_revision(make_episode):

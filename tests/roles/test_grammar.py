@@ -1,4 +1,14 @@
-from roles import Grammar, parse_executor, parse_plan, parse_reflection, recover_answer, states_answer
+from roles import (
+    Grammar,
+    apply_fix,
+    parse_executor,
+    parse_fix,
+    parse_plan,
+    parse_reflection,
+    plan_steps,
+    recover_answer,
+    states_answer,
+)
 
 G = Grammar()
 
@@ -57,6 +67,36 @@ def test_reflection_accepts_by_default_and_revises_with_a_plan():
     assert parse_reflection("<verdict>revise</verdict>", G).verdict == "revise"
     cut = parse_reflection("<reflection>fine</reflection><lesson>use the calculator's calculator's", G)
     assert (cut.reflection, cut.lesson, cut.verdict) == ("fine", None, "accept")
+
+
+def test_a_fix_revises_one_step():
+    out = parse_reflection(
+        '<reflection>step 2</reflection><lesson>read</lesson><fix step="2">Subtract 5.</fix>', G
+    )
+    assert (out.verdict, out.plan, out.fix) == ("revise", None, (2, "Subtract 5."))
+    assert parse_fix("<fix step=3>2. Add 4.</fix>", G) == (3, "Add 4.")  # unquoted, its own number dropped
+    assert parse_fix('<fix step="2">cut off', G) is None  # out of tokens: no fix
+    assert parse_fix("<fix>no step</fix>", G) is None
+    assert parse_fix('<fix step="2"> </fix>', G) is None
+    # A whole plan wins over a fix; an unusable fix leaves a rambling reflection accepting.
+    both = parse_reflection('<fix step="1">Add 1.</fix><plan>redo</plan>', G)
+    assert (both.plan, both.fix) == ("redo", None)
+    assert parse_reflection('<reflection>x</reflection><fix step="">Add</fix>', G).verdict == "accept"
+    assert G.fix[1] in G.reflect_stops()
+
+
+def test_apply_fix_rewrites_or_adds_a_step_as_the_plan_numbers_them():
+    plan = "1. Multiply 4 by 5.\n2. Add 1,660.\n3. Divide by 892."
+    assert (
+        apply_fix(plan, 2, "Subtract 1,660.") == "1. Multiply 4 by 5.\n2. Subtract 1,660.\n3. Divide by 892."
+    )
+    assert apply_fix(plan, 4, "Leave out 7.") == plan + "\n4. Leave out 7."
+    assert apply_fix(plan, 5, "x") is None and apply_fix(plan, 0, "x") is None
+    assert apply_fix("Work it out:\n- a\n- b", 3, "c") == "Work it out:\n- a\n- b\n- c"
+    assert apply_fix("Work it out:\n- a\n- b", 1, "z") == "Work it out:\n- z\n- b"
+    assert apply_fix("free text", 1, "new") == "new" and apply_fix("free text", 2, "x") is None
+    assert apply_fix(None, 1, "new") == "new"
+    assert plan_steps(plan) == 3 and plan_steps("free text") == 0 and plan_steps("3.5 kg\n2023 was") == 0
 
 
 def test_states_answer():
