@@ -150,7 +150,9 @@ def parse_fix(text: str, grammar: Grammar) -> tuple[int, str] | None:
     found = _FIX_HEAD.match(text, start + len(open_tag), end)
     if found is None:
         return None
-    body = _STEP_MARK.sub("", text[found.end() : end].strip(), count=1).strip()
+    body = text[found.end() : end].strip()
+    mark = _STEP_MARK.match(body)  # the step's own number, when the fix repeats it
+    body = body[mark.end() :].strip() if mark else body
     return (int(found[1]), body) if body else None
 
 

@@ -75,6 +75,7 @@ def test_a_fix_revises_one_step():
     )
     assert (out.verdict, out.plan, out.fix) == ("revise", None, (2, "Subtract 5."))
     assert parse_fix("<fix step=3>2. Add 4.</fix>", G) == (3, "Add 4.")  # unquoted, its own number dropped
+    assert parse_fix('<fix step="1">Add 5. Then take 2 - 1.</fix>', G) == (1, "Add 5. Then take 2 - 1.")
     assert parse_fix('<fix step="2">cut off', G) is None  # out of tokens: no fix
     assert parse_fix("<fix>no step</fix>", G) is None
     assert parse_fix('<fix step="2"> </fix>', G) is None
