@@ -157,7 +157,8 @@ def parse_fix(text: str, grammar: Grammar) -> tuple[int, str] | None:
 
 
 def plan_steps(plan: str | None) -> int:
-    """How many steps a plan (its text inside the tags) has, as apply_fix counts them."""
+    """How many numbered or bulleted steps a plan (its text inside the tags) has: a fix of the next step
+    adds one (apply_fix). A plan with none counts 0, and apply_fix takes it whole as step 1."""
     return len(_step_lines((plan or "").split("\n")))
 
 
