@@ -80,6 +80,10 @@ REFLECTION_TARGETS = {
 # What the code trains, beside its settings: changed with any change to the code that alters what a seed
 # learns (a reward, a loss, a sampler), so that the fingerprint keeps seeds of older code out of the means.
 TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan breaks its format"
+# The same for the demonstrations SFT plays, per `sft.source` (a source not named here: unchanged since
+# fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
+# means and leave the other task's seeds alone.
+DEMONSTRATIONS_REVISION = {"arith_distract": "2026-12-03: a third mistake, a plan step with the distractor"}
 PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_rate", "accept_given_wrong")
 
 
@@ -127,12 +131,15 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
 def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides),
     and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder, and of
-    TRAINING_REVISION: seeds are summarised together only when they ran the same experiment with the
-    same training code, however its yaml changed."""
+    TRAINING_REVISION (and DEMONSTRATIONS_REVISION of its demonstrations' source): seeds are summarised
+    together only when they ran the same experiment with the same training code and demonstrations,
+    however its yaml changed."""
     cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
     dtype = str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
     settings = OmegaConf.to_container(as_dictconfig(cfg), resolve=True)
     fingerprinted = {"settings": settings, "training_revision": TRAINING_REVISION}
+    if cfg.sft.source in DEMONSTRATIONS_REVISION:
+        fingerprinted["demonstrations_revision"] = DEMONSTRATIONS_REVISION[cfg.sft.source]
     sha = hashlib.sha256(json.dumps(fingerprinted, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return dtype, sha
 

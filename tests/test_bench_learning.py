@@ -151,6 +151,17 @@ def test_the_fingerprint_follows_the_training_code(monkeypatch):
     assert learning.settings_of("arith_hierarchy", [])[1] != before
 
 
+def test_the_fingerprint_follows_the_demonstrations_of_its_own_task(monkeypatch):
+    """New demonstrations of the reflection task (DEMONSTRATIONS_REVISION of arith_distract) make its
+    experiment another one, and leave the default experiment's (sft.source=arith) as it was."""
+    import bench.learning as learning
+
+    default, reflection = (learning.settings_of(e, [])[1] for e in ("arith_hierarchy", "distract_hierarchy"))
+    monkeypatch.setattr(learning, "DEMONSTRATIONS_REVISION", {"arith_distract": "later demonstrations"})
+    assert learning.settings_of("arith_hierarchy", [])[1] == default
+    assert learning.settings_of("distract_hierarchy", [])[1] != reflection
+
+
 def test_no_single_trains_the_hierarchy_alone(monkeypatch, tmp_path):
     """--no-single --probe-limit 0: one run per seed, the hierarchy's, and its record has no baseline."""
     import bench.learning as learning
