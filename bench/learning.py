@@ -84,7 +84,15 @@ TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan 
 # fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
 # means and leave the other task's seeds alone.
 DEMONSTRATIONS_REVISION = {"arith_distract": "2026-12-03: a third mistake, a plan step with the distractor"}
-PROBE_KEPT = ("self_correction", "revise_recall", "revise_precision", "revision_rate", "accept_given_wrong")
+PROBE_KEPT = (
+    "self_correction",
+    "revise_recall",
+    "revise_precision",
+    "revision_rate",
+    "accept_given_wrong",
+    "revise_same_plan_rate",
+    "revise_same_answer_rate",
+)
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -42,6 +42,8 @@ KEPT = (  # the reflection metrics a reader compares (every one is in probe.json
     "revise_precision",
     "revise_recall",
     "revision_rate",
+    "revise_same_plan_rate",
+    "revise_same_answer_rate",
     "transitions",
     "wrong_to_right",
     "right_to_wrong",

@@ -14,6 +14,9 @@ is None, which the logs leave out and the printed tables show as "n/a": never a 
   revise|right, revise|wrong; the precision (revisions that were needed) and recall (wrong answers that
   were revised) of "revise when wrong".
 - revision rate (revise verdicts per verdict), rounds used, the round of the final answer, answer leaks.
+- what a revision changed, over revisions that a next round carried out: the share whose next round was
+  shown the same plan (a fix that rewrote a step to what it already said, or a bare revise verdict), and
+  the share whose next round gave the same answer again (it redid the same work).
 - plan adherence: the share of the plan's steps the executors carried out, where the task defines it
   (meta_agent.adherence); the episodes it was measured on are counted.
 """
@@ -78,6 +81,13 @@ def final_answer_round(rounds: Sequence[RoundRecord]) -> int | None:
     return answered[-1] + 1 if answered else None
 
 
+def revisions_carried_out(episodes: Sequence[Sequence[RoundRecord]]) -> list[tuple[RoundRecord, RoundRecord]]:
+    """(revised round, the round after it) for every revise verdict that a next round carried out."""
+    return [
+        (a, b) for rounds in episodes for a, b in zip(rounds, rounds[1:], strict=False) if a.verdict == REVISE
+    ]
+
+
 def round_metrics(episodes: Sequence[Sequence[RoundRecord]]) -> dict[str, float | None]:
     """Transitions, self-correction, verdict calibration, revisions and rounds, from graded rounds."""
     n = len(episodes)
@@ -106,6 +116,11 @@ def round_metrics(episodes: Sequence[Sequence[RoundRecord]]) -> dict[str, float 
     out["revise_precision"] = ratio(judged["revise_wrong"], revised)
     out["revise_recall"] = ratio(judged["revise_wrong"], wrong)
     out["revision_rate"] = ratio(revised, total)
+    carried = revisions_carried_out(episodes)
+    out["revisions_carried_out"] = float(len(carried))
+    out["revise_same_plan_rate"] = ratio(sum(a.plan == b.plan for a, b in carried), len(carried))
+    same_answer = sum(b.answer is not None and b.answer == a.answer for a, b in carried)
+    out["revise_same_answer_rate"] = ratio(same_answer, len(carried))
     out["rounds_used"] = mean([float(len(rounds)) for rounds in episodes])
     final = [final_answer_round(rounds) for rounds in episodes]
     out["final_answer_round"] = mean([float(r) for r in final if r is not None])

@@ -50,6 +50,8 @@ FIGURES = {
             ("reflection/revise_given_wrong", "P(revise | wrong) (recall)"),
             ("reflection/revise_precision", "P(wrong | revise) (precision)"),
             ("reflection/revision_rate", "revision rate"),
+            ("reflection/revise_same_plan_rate", "revised, next plan the same"),
+            ("reflection/revise_same_answer_rate", "revised, next answer the same"),
         ],
     ),
     "plans": (

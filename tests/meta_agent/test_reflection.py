@@ -89,6 +89,38 @@ def test_what_cannot_be_computed_is_none_not_zero():
     assert reflection_metrics([])["reflection/rounds_used"] is None
 
 
+def test_what_a_revision_changed_by_hand():
+    """Three revisions carried out by a next round, one not (the last round's revise has no round after
+    it): E's fix left the plan as it was and the answer came again; F changed the plan, got the same
+    answer; G changed both. Same plan 1 of 3, same answer 2 of 3."""
+    plan_a, plan_b = "1. Add 5.", "1. Subtract 5."
+    e = (
+        RoundRecord(0, "7", False, "revise", plan=plan_a),
+        RoundRecord(1, "7", False, "accept", ended=True, plan=plan_a),
+    )
+    f = (
+        RoundRecord(0, "7", False, "revise", plan=plan_a),
+        RoundRecord(1, "7", False, "revise", ended=True, plan=plan_b),
+    )
+    g = (
+        RoundRecord(0, "7", False, "revise", plan=plan_a),
+        RoundRecord(1, "9", True, "accept", ended=True, plan=plan_b),
+    )
+    m = reflection_metrics([Reflected(r, leaked=False, adherence=None) for r in (e, f, g)])
+    assert m["reflection/revisions_carried_out"] == 3
+    assert m["reflection/revise_same_plan_rate"] == pytest.approx(1 / 3)
+    assert m["reflection/revise_same_answer_rate"] == pytest.approx(2 / 3)
+    # A next round that gave no answer did not give the same one; without revisions there is no rate.
+    silent = (
+        RoundRecord(0, "7", False, "revise", plan=plan_a),
+        RoundRecord(1, None, False, None, ended=True, plan=plan_a),
+    )
+    m = reflection_metrics([Reflected(silent, leaked=False, adherence=None)])
+    assert m["reflection/revise_same_answer_rate"] == 0.0 and m["reflection/revise_same_plan_rate"] == 1.0
+    none = reflection_metrics([Reflected(EPISODES[2], leaked=False, adherence=None)])
+    assert none["reflection/revisions_carried_out"] == 0 and none["reflection/revise_same_plan_rate"] is None
+
+
 def test_a_round_without_an_answer_leaves_the_standing_answer():
     # right, revised, then the second round answers nothing: the first answer stays final and right
     silent = (RoundRecord(0, "12", True, "revise"), RoundRecord(1, None, False, "accept", ended=True))
