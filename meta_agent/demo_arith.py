@@ -200,7 +200,8 @@ def distract_actions(
     - "plan_distractor": the plan has a step that adds or subtracts the first distractor (anywhere after
       the multiplication) and the executor follows it; the reflection quotes that step and the
       distractor's sentence, and rewrites the step to leave the number out.
-    The reflection then fixes one step of the plan; the second round is the arith demonstration's work, accepted.
+    The reflection then fixes one step of the plan; the second round is the arith demonstration's work,
+    accepted.
     That first round's mistaken turns are never learned. An operation mistake whose sentence cannot be
     told apart (its number in two sentences) is shown as a distractor mistake instead."""
     script = arith_actions(task, style, seed, grammar)
@@ -278,8 +279,8 @@ def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Gram
 def _plan_distractor_revision(task: Task, script: DemoScript, seed: int, grammar: Grammar) -> Revision | None:
     """A first round whose plan has an extra step with the first distractor (added or subtracted, at a
     place drawn after the multiplication, so the fixed step's number varies) that the executor carries
-    out, and the reflection that quotes the step and the distractor's sentence and rewrites the step to leave the
-    number out; None where the wrong plan could not be written out."""
+    out, and the reflection that quotes the step and the distractor's sentence and rewrites the step to
+    leave the number out; None where the wrong plan could not be written out."""
     ops = arith_ops(task.meta["expression"])
     rng = random.Random(f"plan_distractor|{seed}|{task.id}")
     value = task.meta["distractors"][0]

@@ -275,8 +275,8 @@ def test_distract_demos_fit_the_experiments_budgets(distract_config, chat, regis
 
 def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, registry):
     """About half revise: round 1 goes wrong (the executor adds the distractor, the plan has a step
-    backwards, or the plan has a step with the distractor), the reflection quotes what went wrong and revises, round 2 is right and accepted; the
-    mistaken turns are played but have nothing to learn."""
+    backwards, or the plan has a step with the distractor), the reflection quotes what went wrong and
+    revises, round 2 is right and accepted; the mistaken turns are played but have nothing to learn."""
     cfg = distract_config
     episodes = make_demos("arith_distract", 24, cfg.role_list, chat, registry, limits=cfg.protocol)
     revised = [ep for ep in episodes if len(ep.rounds) == 2]
