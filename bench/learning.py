@@ -83,7 +83,7 @@ TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan 
 # The same for the demonstrations SFT plays, per `sft.source` (a source not named here: unchanged since
 # fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
 # means and leave the other task's seeds alone.
-DEMONSTRATIONS_REVISION = {"arith_distract": "2026-12-03: a third mistake, a plan step with the distractor"}
+DEMONSTRATIONS_REVISION = {"arith_distract": "2026-12-03: a revision fixes one step (<fix>)"}
 PROBE_KEPT = (
     "self_correction",
     "revise_recall",
@@ -347,18 +347,17 @@ def reflection_task(summary: dict) -> dict:
 
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
     """The section's per-seed records worth keeping: those of the same overrides and settings (its
-    `config_sha`; a record from before fingerprints is assumed to match). A seed about to be rerun keeps
+    `config_sha`; a record from before fingerprints cannot show it matches and is dropped). A seed about to be rerun keeps
     its old record until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
-        sha = record.get("config_sha", args.config_sha)
-        same = record.get("overrides") == list(args.overrides) and sha == args.config_sha
+        same = record.get("overrides") == list(args.overrides) and record.get("config_sha") == args.config_sha
         (kept if same else dropped).append(record)
     if dropped:
         print(
             f"note: dropping {args.task} seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran "
             f"with other overrides than {list(args.overrides)} or other settings than {args.config_sha} "
-            "(the experiment's yaml changed)",
+            "(the experiment's yaml or training code changed, or they ran before fingerprints)",
             flush=True,
         )
     return kept

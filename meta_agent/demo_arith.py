@@ -34,12 +34,11 @@ from roles import Grammar, plan_steps
 STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or one call per operation
 # arith_distract: the share of demonstrations whose first round goes wrong and is revised ...
 REVISE_SHARE = 0.5
-# ... and the mistakes they show, drawn evenly: the executor folds the distractor in, the plan gets an
-# add or subtract step backwards ("A donor sends 462 more seeds" planned as "Subtract 462."), or the plan
-# itself has a step with the distractor ("4. Add 700." for 700 customers on a mailing list). The trained
-# hierarchy made all three: of 27 wrong answers in seed 0's probe before GRPO, 14 used the distractor (9 in
-# the plan, 5 in the executor's calls) and the rest had an operation wrong in the plan.
-MISTAKES = ("distractor", "operation", "plan_distractor")
+# ... and the mistakes they show, drawn evenly: the executor folds the distractor in, or the plan gets an
+# add or subtract step backwards ("A donor sends 462 more seeds" planned as "Subtract 462."). The trained
+# hierarchy made both: of 27 wrong answers in seed 0's probe before GRPO, 14 used the distractor and the
+# rest had an operation wrong in the plan.
+MISTAKES = ("distractor", "operation")
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
@@ -196,12 +195,8 @@ def distract_actions(
     - "distractor": the executor adds the first distractor, as a small executor does; the reflection
       quotes the sentence the number comes from and says the asked quantity does not depend on it;
     - "operation": the plan gets one add or subtract step backwards and the executor follows it; the
-      reflection quotes that step and the sentence of its number, and says what the sentence means;
-    - "plan_distractor": the plan has a step that adds or subtracts the first distractor (anywhere after
-      the multiplication) and the executor follows it; the reflection quotes that step and the
-      distractor's sentence, and rewrites the step to leave the number out.
-    The reflection then fixes one step of the plan; the second round is the arith demonstration's work,
-    accepted.
+      reflection quotes that step and the sentence of its number, and says what the sentence means.
+    The reflection then revises the plan; the second round is the arith demonstration's work, accepted.
     That first round's mistaken turns are never learned. An operation mistake whose sentence cannot be
     told apart (its number in two sentences) is shown as a distractor mistake instead."""
     script = arith_actions(task, style, seed, grammar)
@@ -213,11 +208,7 @@ def distract_actions(
         mistake = random.Random(f"mistake|{seed}|{task.id}").choice(MISTAKES)
     if mistake not in MISTAKES:
         raise ValueError(f"a demonstration's mistake must be one of {MISTAKES}, got {mistake!r}")
-    revision = None
-    if mistake == "operation":
-        revision = _operation_revision(task, script, seed, grammar)
-    elif mistake == "plan_distractor":
-        revision = _plan_distractor_revision(task, script, seed, grammar)
+    revision = _operation_revision(task, script, seed, grammar) if mistake == "operation" else None
     return replace(script, revision=revision or _distractor_revision(task, script, grammar))
 
 
@@ -271,36 +262,6 @@ def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Gram
         "Check each step against its sentence: add what the question adds, subtract what it takes away.",
         k + 1,
         _step(kind, numbers),
-        grammar,
-    )
-    return Revision(work, reflection, plan=plan)
-
-
-def _plan_distractor_revision(task: Task, script: DemoScript, seed: int, grammar: Grammar) -> Revision | None:
-    """A first round whose plan has an extra step with the first distractor (added or subtracted, at a
-    place drawn after the multiplication, so the fixed step's number varies) that the executor carries
-    out, and the reflection that quotes the step and the distractor's sentence and rewrites the step to
-    leave the number out; None where the wrong plan could not be written out."""
-    ops = arith_ops(task.meta["expression"])
-    rng = random.Random(f"plan_distractor|{seed}|{task.id}")
-    value = task.meta["distractors"][0]
-    distractor = f"{value:,}"
-    sentence = _sentences_with(task.question, distractor)[0]
-    k = rng.randint(1, len(ops))  # the extra step's place among the operations (0 is the multiplication)
-    extra = (rng.choice(("add", "sub")), (value,))
-    wrong_ops = [*ops[:k], extra, *ops[k:]]
-    plan = plan_text(_plan_steps(wrong_ops, script.style), task.answer, grammar)
-    if GENERIC_PLAN in plan:
-        return None
-    work, wrong = (_one_call if script.style == "one_call" else _step_calls)(wrong_ops, grammar)
-    if wrong == script.answer:
-        raise ValueError(f"{task.id}: a plan step with {distractor} leaves the answer as it was")
-    reflection = fix_text(
-        f'Step {k + 1} of the plan says "{_step(*extra)}", but the question gives {distractor} only in '
-        f'"{sentence}" The asked quantity does not depend on it.',
-        "Plan only with the numbers the asked quantity depends on.",
-        k + 1,
-        f"Leave out {distractor}: the question does not ask about it.",
         grammar,
     )
     return Revision(work, reflection, plan=plan)

@@ -71,18 +71,19 @@ def test_time_is_kept_per_kind_of_cpu_and_the_target_holds_on_every_kind():
 def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_path):
     old = {
         "per_seed": [
-            record(0, 0.5, 0.6),
-            record(1, 0.5, 0.6),
-            record(2, 0.5, 0.6, overrides=["train.steps=6"]),
+            record(0, 0.5, 0.6, config_sha="abc"),
+            record(1, 0.5, 0.6, config_sha="abc"),
+            record(2, 0.5, 0.6, overrides=["train.steps=6"], config_sha="abc"),
         ]
     }
     old["per_seed"] += [record(3, 0.5, 0.6, config_sha="abc"), record(4, 0.5, 0.6, config_sha="old")]
+    old["per_seed"] += [record(5, 0.5, 0.6)]  # from before fingerprints: nothing says it matches
     args = argparse.Namespace(
         seeds=[1], overrides=[], out=tmp_path / "learning.json", task="default", config_sha="abc"
     )
     kept = kept_seeds(old, args)
     assert [r["seed"] for r in kept] == [0, 1, 3]  # seed 1 stays until its rerun has results
-    assert "dropping default seeds [2, 4]" in capsys.readouterr().out
+    assert "dropping default seeds [2, 4, 5]" in capsys.readouterr().out
     rerun = record(1, 0.5, 0.9)
     assert latest_per_seed([*kept, {}]) == kept  # the rerun has not got far: the old record counts
     assert latest_per_seed([*kept, rerun]) == [kept[0], kept[2], rerun]

@@ -274,9 +274,9 @@ def test_distract_demos_fit_the_experiments_budgets(distract_config, chat, regis
 
 
 def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, registry):
-    """About half revise: round 1 goes wrong (the executor adds the distractor, the plan has a step
-    backwards, or the plan has a step with the distractor), the reflection quotes what went wrong and
-    revises, round 2 is right and accepted; the mistaken turns are played but have nothing to learn."""
+    """About half revise: round 1 goes wrong (the executor adds the distractor, or the plan has a step
+    backwards), the reflection quotes what went wrong and revises, round 2 is right and accepted; the
+    mistaken turns are played but have nothing to learn."""
     cfg = distract_config
     episodes = make_demos("arith_distract", 24, cfg.role_list, chat, registry, limits=cfg.protocol)
     revised = [ep for ep in episodes if len(ep.rounds) == 2]
@@ -299,8 +299,8 @@ def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, regi
         assert set(first.mask) == {0} and reflect.text.endswith("</fix>") and "<plan>" not in reflect.text
         assert distractor not in json.dumps([c.arguments for c in ep.turns[3].tool_calls])
         first_plan, second_plan = ep.rounds[0].plan, ep.rounds[1].plan
-        if "of the plan says" in reflect.text:  # a step backwards or with the distractor: the plan's mistake
-            mistakes.add("plan_distractor" if f"gives {distractor} only in" in reflect.text else "operation")
+        if "of the plan says" in reflect.text:  # a step backwards: the plan is the mistake
+            mistakes.add("operation")
             assert set(plan.mask) == {0}
             # The fix rewrote that one step: the plans differ in exactly one line.
             changed = [a != b for a, b in zip(first_plan.split("\n"), second_plan.split("\n"), strict=True)]
@@ -315,7 +315,7 @@ def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, regi
             (t.role, len(t.mask)) for t in ep.turns if any(t.mask)
         ]
         assert ("executor", "execute", 0) not in learned  # the mistake is not taught
-    assert mistakes == {"distractor", "operation", "plan_distractor"}
+    assert mistakes == {"distractor", "operation"}
     for ep in episodes:
         if len(ep.rounds) == 1:
             assert ep.rounds[0].verdict == "accept" and [t.kind for t in ep.turns] == [
@@ -361,48 +361,6 @@ def test_an_operation_mistake_is_a_step_backwards_read_against_its_sentence(dist
     assert [any(t.mask) for t in ep.turns] == [False, False, True, True, True]
     with pytest.raises(ValueError, match="mistake must be one of"):
         distract_actions(task, revise=True, mistake="arithmetic")
-
-
-def test_a_plan_step_with_the_distractor_is_quoted_and_rewritten(distract_config, chat, registry):
-    """Worked by hand: the plan of seed 0 puts "Add 7,791." (the trucks' kilometres) as step 3, between
-    the subtraction and the division: 241,830,888 - 1,660 = 241,829,228, + 7,791 = 241,837,019, / 892 =
-    271,117.73 (892 x 271,117 = 241,836,364, remainder 655). The reflection quotes step 3 and the
-    kilometres sentence and rewrites step 3 to leave 7,791 out; round 2 is right (271,109)."""
-    cfg = distract_config
-    task = Task(
-        "arith_distract/train/by-hand",
-        "A depot holds 476,984 crates with 507 bolts in each crate. The depot ships out 1,660 bolts. "
-        "The depot's trucks drove 7,791 kilometres last year. All the bolts are then split equally among "
-        "892 workshops. How many bolts does each workshop get?",
-        "271109",
-        "arith_distract",
-        {"expression": "(476984*507-1660)/892", "distractors": [7791]},
-    )
-    script = distract_actions(task, style="steps", seed=0, revise=True, mistake="plan_distractor")
-    steps = "1. Multiply 476,984 by 507.\n2. Subtract 1,660.\n3. {}\n4. Divide by 892.\n"
-    steps += "5. Use one calculator call per step and answer with the last result."
-    assert script.revision.plan == "<plan>" + steps.format("Add 7,791.") + "</plan>"
-    assert [seg.result for seg in script.revision.work] == [
-        "241830888",
-        "241829228",
-        "241837019",
-        "241837019/892 ≈ 271117.73430493273543",
-        None,
-    ]
-    assert script.revision.reflection == (
-        '<reflection>Step 3 of the plan says "Add 7,791.", but the question gives 7,791 only in "The depot\'s '
-        'trucks drove 7,791 kilometres last year." The asked quantity does not depend on it.</reflection>'
-        "<lesson>Plan only with the numbers the asked quantity depends on.</lesson>"
-        '<fix step="3">Leave out 7,791: the question does not ask about it.</fix>'
-    )
-    factory = EpisodeFactory(cfg.role_list, chat, registry, grade, cfg.protocol)
-    ep = play_demo(script, task, factory)
-    assert ep.correct and [r.answer for r in ep.rounds] == ["241837019/892 ≈ 271117.73430493273543", "271109"]
-    assert ep.rounds[1].plan == steps.format("Leave out 7,791: the question does not ask about it.")
-    assert [any(t.mask) for t in ep.turns] == [False, False, True, True, True]
-    # The fixed step's number varies with the seed: step 2 (before the subtraction) for seed 1.
-    other = distract_actions(task, style="steps", seed=1, revise=True, mistake="plan_distractor")
-    assert 'step="2"' in other.revision.reflection and "2. Add 7,791." in other.revision.plan
 
 
 def test_distract_demos_round_trip_without_the_caught_mistake(distract, tmp_path):
