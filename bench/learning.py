@@ -347,8 +347,8 @@ def reflection_task(summary: dict) -> dict:
 
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
     """The section's per-seed records worth keeping: those of the same overrides and settings (its
-    `config_sha`; a record from before fingerprints cannot show it matches and is dropped). A seed about to be rerun keeps
-    its old record until the new one has its hierarchy's results (see latest_per_seed)."""
+    `config_sha`; a record from before fingerprints cannot show it matches and is dropped). A seed about
+    to be rerun keeps its old record until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
         same = record.get("overrides") == list(args.overrides) and record.get("config_sha") == args.config_sha
