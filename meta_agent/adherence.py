@@ -19,9 +19,9 @@ from decimal import Decimal, InvalidOperation
 
 from meta_agent.episode import Episode
 from meta_agent.episode_records import EXECUTE
+from roles import step_texts
 
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
-_STEP_MARK = re.compile(r"^\s*(?:\d+[.)]|[-*•])\s+")
 _OPERATOR = re.compile(r"(?<=[\d\s)])([+\-*/])(?=[\s\d(])")
 # The words of the plans the arithmetic demonstrations teach, and their common synonyms.
 _WORDS = {
@@ -55,8 +55,7 @@ def numbers_in(text: str) -> set[str]:
 def plan_steps(plan: str) -> list[Step]:
     """The checkable steps of a plan: its numbered or bulleted lines (or the whole plan if it has none),
     each with its numbers and operations; steps without a number are left out."""
-    lines = [line for line in plan.splitlines() if line.strip()]
-    marked = [_STEP_MARK.sub("", line) for line in lines if _STEP_MARK.match(line)]
+    marked = step_texts(plan)
     steps = []
     for body in marked or [plan]:
         lower = body.lower()

@@ -14,6 +14,7 @@ from roles.grammar import (
     plan_steps,
     recover_answer,
     states_answer,
+    step_texts,
 )
 from roles.rewards import Outcome, reflection_reward, role_reward, round_reflection_reward
 from roles.spec import (
@@ -54,6 +55,7 @@ __all__ = [
     "plan_steps",
     "recover_answer",
     "states_answer",
+    "step_texts",
     "reflection_reward",
     "role_reward",
     "round_reflection_reward",

@@ -61,7 +61,8 @@ class MetaOutput:
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 _FIX_HEAD = re.compile(r"\s+step\s*=\s*[\"']?\s*(\d+)\s*[\"']?\s*>")  # after "<fix": ' step="2">'
-_STEP_MARK = re.compile(r"\s*(?:\d+[.)]|[-*])\s+")  # a plan step's number or bullet, and its space
+# A plan step's number or bullet ("2. ", "2) ", "- ", "* ", "• ") and its space, at a line's start
+_STEP_MARK = re.compile(r"\s*(?:\d+[.)]|[-*•])\s+")
 
 
 def _between(text: str, tags: tuple[str, str], *, last: bool = True) -> str | None:
@@ -162,6 +163,12 @@ def plan_steps(plan: str | None) -> int:
     return len(_step_lines((plan or "").split("\n")))
 
 
+def step_texts(plan: str | None) -> list[str]:
+    """The text of each numbered or bulleted step of a plan, its number or bullet left out."""
+    lines = (plan or "").split("\n")
+    return [lines[i][_STEP_MARK.match(lines[i]).end() :] for i in _step_lines(lines)]
+
+
 def _step_lines(lines: list[str]) -> list[int]:
     return [i for i, line in enumerate(lines) if _STEP_MARK.match(line)]
 
@@ -170,7 +177,7 @@ def apply_fix(plan: str | None, step: int, text: str) -> str | None:
     """`plan` with step `step` rewritten as `text`, or with `text` added as its next step (step = the
     plan's steps + 1), numbered or bulleted as its steps are; None when the plan has no such step.
 
-    A plan's steps are its lines that start with a number ("2. ", "2) ") or a bullet ("- ", "* "); a
+    A plan's steps are its lines that start with a number ("2. ", "2) ") or a bullet ("- ", "* ", "• "); a
     plan with none of them is one step, which a fix of step 1 replaces.
     """
     lines = (plan or "").split("\n")

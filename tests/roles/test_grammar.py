@@ -8,6 +8,7 @@ from roles import (
     plan_steps,
     recover_answer,
     states_answer,
+    step_texts,
 )
 
 G = Grammar()
@@ -98,6 +99,17 @@ def test_apply_fix_rewrites_or_adds_a_step_as_the_plan_numbers_them():
     assert apply_fix("free text", 1, "new") == "new" and apply_fix("free text", 2, "x") is None
     assert apply_fix(None, 1, "new") == "new"
     assert plan_steps(plan) == 3 and plan_steps("free text") == 0 and plan_steps("3.5 kg\n2023 was") == 0
+    assert apply_fix("• a\n• b", 3, "c") == "• a\n• b\n• c"  # a "•" bullet is a step too
+
+
+def test_step_texts_are_the_steps_without_their_marks():
+    assert step_texts("Work:\n1. Multiply 4 by 5.\n2) Add 3.\n- Divide by 2.\n• Answer.") == [
+        "Multiply 4 by 5.",
+        "Add 3.",
+        "Divide by 2.",
+        "Answer.",
+    ]
+    assert step_texts("free text 2. with a number inside") == [] and step_texts(None) == []
 
 
 def test_states_answer():
