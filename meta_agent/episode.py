@@ -395,6 +395,7 @@ class Episode:
                 reward=t.reward,
                 episode=episode,
                 advantage=t.advantage or 0.0,
+                correct=self.correct,
             )
             for t in self.learned_turns
         ]

@@ -114,7 +114,9 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
                 reflection_credit=cfg.grpo.reflection_credit,
             )
             turns = training_turns(episodes)
-            trained = trainable_turns(turns, filter_zero_variance=cfg.grpo.filter_zero_variance)
+            trained = trainable_turns(
+                turns, filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of
+            )
             update = trainer.grpo_step(trained)
             state.step += 1
             state.data_pos += cfg.train.tasks_per_step

@@ -34,6 +34,7 @@ FLAT = 1e-6  # rewards within this of each other count as equal: the group has n
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp")
 REFLECTION_CREDITS = ("episode", "round")
+SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
 
 
 @dataclass
@@ -53,6 +54,9 @@ class GRPOSettings:
     # reflection its own: roles.rewards.round_reflection_reward, normalised among the task's reflections)
     reflection_credit: str = "episode"
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
+    # which groups it drops: reward (its rewards all equal) | outcome (its episodes all right or all
+    # wrong, however their penalties set their rewards apart: DAPO's dynamic-sampling criterion)
+    zero_variance_of: str = "reward"
     max_tokens: int | None = None  # Dr.GRPO's constant normaliser per row; required by "dr-grpo"
     # Truncated importance sampling against the rollout backend's logprobs: the weight's upper bound.
     # None: the ratio is taken against the rollout's logprobs directly (no correction).
@@ -79,6 +83,13 @@ class GRPOSettings:
             raise ValueError(
                 "grpo.advantage=reinforce_pp gives a task whose episodes all scored the same a nonzero "
                 "advantage: set grpo.filter_zero_variance=false with it"
+            )
+        if self.zero_variance_of not in SPREADS:
+            raise ValueError(f"grpo.zero_variance_of must be one of {SPREADS}, got {self.zero_variance_of!r}")
+        if self.zero_variance_of == "outcome" and not self.filter_zero_variance:
+            raise ValueError(
+                "grpo.zero_variance_of=outcome says which groups grpo.filter_zero_variance drops: set "
+                "grpo.filter_zero_variance=true with it"
             )
         if self.reflection_credit not in REFLECTION_CREDITS:
             raise ValueError(
@@ -191,12 +202,25 @@ def advantages(
     raise ValueError(f"unknown advantage {kind!r}; one of {ADVANTAGES}")
 
 
-def trainable_turns(turns: Sequence[Turn], *, filter_zero_variance: bool, eps: float = FLAT) -> list[Turn]:
+def trainable_turns(
+    turns: Sequence[Turn], *, filter_zero_variance: bool, by: str = "reward", eps: float = FLAT
+) -> list[Turn]:
     """The turns a GRPO update learns from, in order: those with a generated token, and, when
-    `filter_zero_variance`, only those of (role, group) groups whose rewards differ (the others have
-    advantage 0: no gradient, only cost and dilution)."""
+    `filter_zero_variance`, only those of (role, group) groups that vary `by` "reward" (the others have
+    advantage 0: no gradient, only cost and dilution) or by "outcome" (some of the group's episodes
+    right and some wrong: a group all wrong or all right is dropped even where penalties set its
+    rewards apart, as DAPO's dynamic sampling drops it)."""
+    if by not in SPREADS:
+        raise ValueError(f"trainable_turns(by=...) must be one of {SPREADS}, got {by!r}")
     keys = [(t.role, t.group) for t in turns]
-    flat = zero_variance_groups([t.reward for t in turns], keys, eps) if filter_zero_variance else set()
+    if by == "outcome":
+        ungraded = sorted({t.group for t in turns if t.correct is None})
+        if ungraded:
+            raise ValueError(f"filtering by outcome needs graded turns; {ungraded[:3]} have none")
+        values = [float(t.correct) for t in turns]
+    else:
+        values = [t.reward for t in turns]
+    flat = zero_variance_groups(values, keys, eps) if filter_zero_variance else set()
     return [t for t, key in zip(turns, keys, strict=True) if key not in flat and any(t.loss_mask)]
 
 

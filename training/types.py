@@ -77,6 +77,7 @@ class Turn:
     reward: float = 0.0
     episode: int = -1  # episode index within its batch, to tie turns of one episode together
     advantage: float = 0.0  # GRPO: the episode's reward normalised within its (role, group) group
+    correct: bool | None = None  # whether the turn's episode ended right (None: not graded)
     # The trainer's own logprobs of the completion before the first of several updates on this rollout
     # (filled by PolicyTrainer with train.updates_per_rollout or train.minibatches above 1 and TIS on):
     # the "old" policy of every later update's ratio. None: one update, whose old policy is itself.

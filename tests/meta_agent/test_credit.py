@@ -39,6 +39,7 @@ def test_advantages_are_normalised_within_role_and_task_groups(episodes):
         assert [t.advantage for t in ep.turns] == pytest.approx([advantage] * 3, abs=1e-5)
     turns = training_turns(episodes)
     assert [t.episode for t in turns] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [t.correct for t in turns] == [ok for ok in (True, False, True, True) for _ in range(3)]
     assert [t.advantage for t in turns] == pytest.approx([a for a in expected for _ in range(3)], abs=1e-5)
     unscaled = episodes[:3]
     assign_advantages(unscaled, scale=False)  # Dr.GRPO: reward minus the group mean

@@ -79,6 +79,33 @@ def test_trainable_turns_drop_flat_groups_and_turns_without_generated_tokens():
     assert trainable_turns(turns, filter_zero_variance=False) == turns[:2] + turns[3:]
 
 
+def test_trainable_turns_by_outcome_drop_groups_all_right_or_all_wrong():
+    def turn(group, reward, correct):
+        return Turn("meta_thinker", group, (1,), (2,), (1,), (0.0,), reward, correct=correct)
+
+    turns = [
+        turn("mixed", 1.0, True),  # right and wrong: trained both ways
+        turn("mixed", -0.25, False),
+        turn("wrong", -0.25, False),  # all wrong, a format penalty apart: rewards vary, outcomes do not
+        turn("wrong", -0.5, False),
+        turn("right", 1.0, True),  # all right, a penalty apart
+        turn("right", 0.75, True),
+        turn("flat", 1.0, True),  # all right and equal: dropped either way
+        turn("flat", 1.0, True),
+    ]
+    assert trainable_turns(turns, filter_zero_variance=True) == turns[:6]
+    assert trainable_turns(turns, filter_zero_variance=True, by="outcome") == turns[:2]
+    assert trainable_turns(turns, filter_zero_variance=False, by="outcome") == turns
+    with pytest.raises(ValueError, match="needs graded turns"):
+        trainable_turns([turn("x", 1.0, None)], filter_zero_variance=True, by="outcome")
+    with pytest.raises(ValueError, match="must be one of"):
+        trainable_turns(turns, filter_zero_variance=True, by="accuracy")
+    with pytest.raises(ValueError, match="zero_variance_of must be one of"):
+        GRPOSettings(zero_variance_of="accuracy")
+    with pytest.raises(ValueError, match="set grpo.filter_zero_variance=true"):
+        GRPOSettings(zero_variance_of="outcome", filter_zero_variance=False)
+
+
 def test_group_advantages_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="differ in length"):
         group_advantages([1.0, 2.0], ["a"])
