@@ -85,4 +85,23 @@ def credit_metrics(turns: Sequence[Turn], trained: Sequence[Turn], roles: Sequen
             metrics[f"role/{role}/advantage"] = sum(t.advantage for t in mine) / n
             metrics[f"role/{role}/advantage_abs"] = sum(abs(t.advantage) for t in mine) / n
             metrics[f"role/{role}/filtered_fraction"] = 1 - sum(t.role == role for t in trained) / n
+        metrics.update({f"role/{role}/{k}": v for k, v in advantage_shares(trained, role).items()})
     return metrics
+
+
+def advantage_shares(trained: Sequence[Turn], role: str) -> dict[str, float]:
+    """Of the advantage mass (sum of |advantage|) `role`'s trained turns carry, the share from (role, task)
+    groups whose episodes all ended wrong, and from those that all ended right: the signal an update takes
+    from penalties alone, with no outcome to tell its episodes apart. Empty when the role has no mass."""
+    mine = [t for t in trained if t.role == role]
+    total = sum(abs(t.advantage) for t in mine)
+    if total == 0:
+        return {}
+    outcomes: dict[str, set] = {}
+    for t in mine:
+        outcomes.setdefault(t.group, set()).add(t.correct)
+    mass = {
+        flat: sum(abs(t.advantage) for t in mine if outcomes[t.group] == {flat}) / total
+        for flat in (False, True)
+    }
+    return {"advantage_share_all_wrong": mass[False], "advantage_share_all_right": mass[True]}

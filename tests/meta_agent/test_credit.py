@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from meta_agent.credit import assign_advantages, credit_metrics, credited_roles, training_turns
+from meta_agent.credit import (
+    advantage_shares,
+    assign_advantages,
+    credit_metrics,
+    credited_roles,
+    training_turns,
+)
 from meta_agent.metrics import rollout_metrics
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASKS, answer
 from training.grpo import trainable_turns
+from training.types import Turn
 
 
 def played(make_episode, task, correct: bool):
@@ -59,6 +66,34 @@ def test_credit_metrics_count_the_turns_no_update_learns_from(episodes):
     assert metrics["role/executor/advantage"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["role/executor/advantage_abs"] == pytest.approx((0.57735 * 2 + 1.15470) / 4, abs=1e-5)
     assert metrics["role/meta_thinker/filtered_fraction"] == pytest.approx(3 / 12)
+    # task 0 = right, wrong, right: a spread, so none of the trained mass is from a flat outcome
+    assert metrics["role/executor/advantage_share_all_wrong"] == 0.0
+
+
+def test_advantage_shares_say_how_much_signal_came_from_groups_without_an_outcome_spread():
+    def turn(group, advantage, correct, role="meta_thinker"):
+        return Turn(role, group, (1,), (2,), (1,), (0.0,), 0.0, advantage=advantage, correct=correct)
+
+    trained = [
+        turn("mixed", 1.5, True),  # |adv| 1.5 + 0.5 + 0.5 + 0.5 = 3.0 from a group with a spread
+        turn("mixed", -0.5, False),
+        turn("mixed", -0.5, False),
+        turn("mixed", -0.5, False),
+        turn("wrong", 0.87, False),  # all wrong, a penalty apart: 0.87 + 0.87 = 1.74
+        turn("wrong", -0.87, False),
+        turn("right", 0.13, True),  # all right: 0.13 + 0.13 = 0.26
+        turn("right", -0.13, True),
+        turn("mixed", 9.0, True, role="executor"),  # another role's: not counted in the meta-thinker's
+    ]
+    # total 3.0 + 1.74 + 0.26 = 5.0: all wrong 1.74 / 5 = 0.348, all right 0.26 / 5 = 0.052
+    shares = advantage_shares(trained, "meta_thinker")
+    assert shares == pytest.approx({"advantage_share_all_wrong": 0.348, "advantage_share_all_right": 0.052})
+    # the executor's groups are its own: its one turn on "mixed" is a group all right
+    assert advantage_shares(trained, "executor") == {
+        "advantage_share_all_wrong": 0.0,
+        "advantage_share_all_right": 1.0,
+    }
+    assert advantage_shares([turn("x", 0.0, True)], "meta_thinker") == {}  # no mass: nothing to share out
 
 
 def test_only_roles_that_generated_are_credited(make_episode):
