@@ -3,6 +3,7 @@
     trainer = PolicyTrainer(backbone, {"meta_thinker": 1e-4, "executor": 1e-4}, grpo=GRPOSettings())
     metrics = trainer.grpo_step(turns)   # turns of a rollout batch, each with its advantage
     metrics = trainer.sft_step(turns)    # demonstrations: same turns, same masks
+    metrics = trainer.preference_step(pairs, PreferenceSettings())  # DPO, IPO or SimPO on turn pairs
 
 Roles own disjoint LoRA parameters, so each role accumulates gradients over its micro-batches with
 its adapter active, then a single AdamW step (one parameter group, one learning rate per role)
@@ -15,7 +16,8 @@ the step, so N ranks end with the adapters one process would have from the same 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,6 +27,7 @@ from training.backbone import Backbone
 from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches
 from training.distributed import Ranks
 from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
+from training.preference import PreferencePair, PreferenceSettings, preference_loss
 from training.types import Turn
 
 
@@ -307,6 +310,108 @@ class PolicyTrainer:
             if by_role.get(role):
                 metrics[f"role/{role}/sft_nll"] = nll
                 metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in by_role[role]))
+        metrics.update(self._optimizer_step())
+        return metrics
+
+    # ---- preferences (DPO, IPO, SimPO) -------------------------------------------------------
+
+    def sequence_logprobs(self, turns: Sequence[Turn]) -> list[float]:
+        """Each turn's summed logprob of its generated (mask 1) tokens under its role's adapter as it is
+        now, at temperature 1; no gradient."""
+        out: dict[int, float] = {}
+        for role in self.backbone.adapters:
+            own = sorted(
+                (i for i, t in enumerate(turns) if t.role == role), key=lambda i: len(turns[i].prompt_ids)
+            )
+            if not own:
+                continue
+            self.backbone.activate(role)
+            size = self.update.micro_batch_size
+            for chunk in (own[k : k + size] for k in range(0, len(own), size)):
+                batch = collate([turns[i] for i in chunk], self.backbone.pad_id, self.accelerator.device)
+                with torch.no_grad():
+                    logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
+                sums = (logprobs * batch.loss_mask).sum(-1)  # [B]
+                out.update({i: float(x) for i, x in zip(chunk, sums, strict=True)})
+        unknown = {t.role for t in turns} - set(self.backbone.adapters)
+        if unknown:
+            raise ValueError(f"no adapter for roles {sorted(unknown)}")
+        return [out[i] for i in range(len(turns))]
+
+    def snapshot(self, role: str) -> list[torch.Tensor]:
+        """A copy of `role`'s adapter weights (the reference of a preference stage)."""
+        return [p.detach().clone() for p in self.backbone.trainable_parameters(role)]
+
+    @contextmanager
+    def weights(self, role: str, snapshot: Sequence[torch.Tensor]) -> Iterator[None]:
+        """`role`'s adapter holds `snapshot` inside the block, its own weights again after it."""
+        params = self.backbone.trainable_parameters(role)
+        own = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, w in zip(params, snapshot, strict=True):
+                p.copy_(w)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, w in zip(params, own, strict=True):
+                    p.copy_(w)
+
+    def preference_step(
+        self, pairs: Sequence[PreferencePair], settings: PreferenceSettings
+    ) -> dict[str, float]:
+        """One optimizer step on preference pairs (each scored by its reference unless the loss needs
+        none): per role, the mean loss over its pairs, chosen and rejected turns in one forward pass."""
+        if self.backbone.sharded:
+            raise ValueError("preference training on a sharded backbone (model.fsdp) is not supported yet")
+        if settings.needs_reference and any(p.ref_chosen is None or p.ref_rejected is None for p in pairs):
+            raise ValueError(f"dpo.loss={settings.loss} needs every pair scored by its reference first")
+        by_role: dict[str, list[PreferencePair]] = defaultdict(list)
+        for pair in pairs:
+            by_role[pair.role].append(pair)
+        roles = list(self.backbone.adapters)
+        total = self.ranks.sum([len(by_role.get(r, ())) for r in roles])
+        self._stepped_roles = {r for r, n in zip(roles, total, strict=True) if n > 0}
+        metrics: dict[str, float] = {"train/pairs": float(sum(total))}
+        per_chunk = max(1, self.update.micro_batch_size // 2)  # a chunk's chosen and rejected turns together
+        for role, n in zip(roles, total, strict=True):
+            own = by_role.get(role, [])
+            if not own:
+                continue
+            self.backbone.activate(role)
+            self.model.train()
+            sums: dict[str, float] = defaultdict(float)
+            for start in range(0, len(own), per_chunk):
+                chunk = own[start : start + per_chunk]
+                k = len(chunk)
+                batch = collate(
+                    [p.chosen for p in chunk] + [p.rejected for p in chunk],
+                    self.backbone.pad_id,
+                    self.accelerator.device,
+                )
+                logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
+                seq = (logprobs * batch.loss_mask).sum(-1)  # [2k]
+                tokens = batch.loss_mask.sum(-1)  # [2k]
+                refs = None
+                if settings.needs_reference:
+                    refs = torch.tensor(
+                        [p.ref_chosen for p in chunk] + [p.ref_rejected for p in chunk], device=seq.device
+                    )
+                losses, stats = preference_loss(
+                    seq[:k],
+                    seq[k:],
+                    None if refs is None else refs[:k],
+                    None if refs is None else refs[k:],
+                    tokens[:k],
+                    tokens[k:],
+                    settings,
+                )
+                self.accelerator.backward(losses.sum() / n)
+                sums["loss"] += float(losses.detach().sum())
+                for name, values in stats.items():
+                    sums[name] += float(values.sum())
+            metrics.update({f"role/{role}/pref_{name}": value / len(own) for name, value in sums.items()})
+            metrics[f"role/{role}/pairs"] = float(len(own))
         metrics.update(self._optimizer_step())
         return metrics
 
