@@ -55,6 +55,8 @@ commands:
   solve "QUESTION"   play one episode of the hierarchy and print it (plan, tool calls, answer, reflection)
   eval               evaluate on benchmark tasks; prints accuracy per task, writes traces.jsonl
   train              SFT warm start (if the experiment has one), then joint multi-agent GRPO
+  dpo                train with preference pairs mined from each rollout instead of GRPO (train.algorithm=dpo;
+                     dpo.loss=dpo|ipo|simpo, dpo.pairs); start from trained roles with adapters=...
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   demos              write sft.examples demonstrations of sft.source (arith | arith_distract | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
@@ -437,6 +439,8 @@ def _dispatch(args: list[str]) -> int:
         return cmd_eval(rest)
     if command == "train":
         return cmd_train(rest)
+    if command == "dpo":
+        return cmd_train(["train.algorithm=dpo", *rest])
     if command == "sft":
         return cmd_train(["sft.enabled=true", "train.steps=0", *rest], command="sft")
     if command == "demos":

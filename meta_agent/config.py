@@ -216,9 +216,10 @@ def field_comments(record: type) -> dict[str, str]:
 
 def hparams(cfg: Config) -> dict:
     """The settings TensorBoard's HParams tab shows beside the final accuracies."""
+    update = cfg.train.algorithm  # the settings of the update the run used: grpo or dpo
     flat = {
-        f"{section}.{key}": value
-        for section in ("train", "grpo", "sft", "protocol")
+        f"{section}.{key}": ",".join(value) if isinstance(value, list) else value
+        for section in ("train", update, "sft", "protocol")
         for key, value in dataclasses.asdict(getattr(cfg, section)).items()
     }
     for role in cfg.role_list:

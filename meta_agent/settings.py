@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from memory.settings import MemorySettings
 from meta_agent.episode import Limits
+from meta_agent.preference import PAIR_KINDS
 from roles import META_THINKER, RoleSpec, check_roles
 from tools import ToolSettings
 from training.backbone import AdapterConfig
@@ -24,6 +25,7 @@ from training.generation import BackendSettings
 from training.generation.vllm import check_top_p, cpu_thread_binding, lora_slot_rank
 from training.grpo import GRPOSettings
 from training.model_files import ModelConfig
+from training.preference import PreferenceSettings
 from training.trainer import UpdateSettings
 
 
@@ -74,11 +76,17 @@ class EvalSettings:
                 )
 
 
+ALGORITHMS = ("grpo", "dpo")
+
+
 @dataclass
 class TrainSettings(UpdateSettings):
     """`meta-agent train`: G episodes of the whole hierarchy per task, advantages within (role, task) groups."""
 
     task: str = "arith"  # the task family trained on (its train split)
+    # the update after SFT, on each rollout: grpo (advantages within groups, `grpo:`) | dpo (preference
+    # pairs mined from the rollout's groups, `dpo:`; `meta-agent dpo` is `meta-agent train train.algorithm=dpo`)
+    algorithm: str = "grpo"
     pool: int | None = 2000  # training problems drawn from the task's train split; null for all
     steps: int = 20  # GRPO steps
     # tasks per step, over all processes (each rank plays a contiguous share of them)
@@ -95,6 +103,8 @@ class TrainSettings(UpdateSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"train.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         for name in ("steps", "eval_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
@@ -108,6 +118,22 @@ class TrainSettings(UpdateSettings):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class DPOSettings(PreferenceSettings):
+    """`train.algorithm=dpo`: preference pairs mined from each rollout (meta_agent.preference), the loss
+    against each role's adapter as it was when the stage began."""
+
+    # which turns pair up: plan (the meta-thinker's plans of one question) | execute (the executor's first
+    # turns under one plan) | reflection (reflections on the same work, by what their verdict did)
+    pairs: list[str] = field(default_factory=lambda: list(PAIR_KINDS))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = sorted(set(self.pairs) - set(PAIR_KINDS))
+        if unknown or not self.pairs:
+            raise ValueError(f"dpo.pairs must be some of {list(PAIR_KINDS)}, got {self.pairs}")
 
 
 @dataclass
@@ -177,6 +203,9 @@ class Config:
     eval: EvalSettings = field(default_factory=EvalSettings)  # meta-agent eval and held-out evaluations
     train: TrainSettings = field(default_factory=TrainSettings)  # the GRPO loop and its optimizer steps
     grpo: GRPOSettings = field(default_factory=GRPOSettings)  # the policy loss and its advantages
+    dpo: DPOSettings = field(
+        default_factory=DPOSettings
+    )  # train.algorithm=dpo: pairs and the preference loss
     sft: SFTSettings = field(default_factory=SFTSettings)  # the warm start on demonstrations
     probe: ProbeSettings = field(default_factory=ProbeSettings)  # meta-agent probe: counterfactual arms
     question: str | None = None  # the question for `meta-agent solve`

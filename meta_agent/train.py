@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -29,6 +30,7 @@ from meta_agent.episode import Episode
 from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
 from meta_agent.metrics import rollout_metrics
+from meta_agent.preference import mine_pairs, pair_metrics
 from meta_agent.rank_protocol import check_ranks_agree, commit_lessons, join, rank0_first, rollback_memory
 from meta_agent.reflection import defined, reflected, reflection_metrics
 from meta_agent.runner import play
@@ -41,10 +43,12 @@ from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
 from training.distributed import Ranks
 from training.grpo import trainable_turns
+from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer
 
 console = Console()
+REFERENCE_FILE = "dpo-reference.pt"  # in the checkpoints folder: the adapters the DPO stage began with
 
 
 @dataclass
@@ -52,7 +56,7 @@ class Stage:
     """What a checkpoint must carry besides the weights to continue exactly."""
 
     step: int = 0  # optimizer steps done in this stage
-    stage: str = "sft"  # sft | grpo
+    stage: str = "sft"  # sft | grpo | dpo
     data_pos: int = 0  # tasks consumed from the shuffled training pool
     generated_tokens: int = 0  # by GRPO rollouts, all roles: the budget that baselines are compared at
     best_sft_accuracy: float = -1.0  # equals sft_accuracy once SFT ran; kept so older checkpoints load
@@ -102,28 +106,33 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
         trainer = policy_trainer(cfg, system, ranks)
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
+    reference = preference_reference(cfg, trainer, ckpt_root, ranks) if cfg.train.algorithm == "dpo" else None
     with progress(ranks, cfg.train.steps, state.step) as advance:
         while state.step < cfg.train.steps and within_budget(cfg, state):
             started = time.perf_counter()
             episodes, empty_passes = rollout(cfg, system, pool, state, ranks)
             rollout_s = time.perf_counter() - started
-            assign_advantages(
-                episodes,
-                scale=cfg.grpo.scale_advantages,
-                kind=cfg.grpo.advantage,
-                reflection_credit=cfg.grpo.reflection_credit,
-            )
-            turns = training_turns(episodes)
-            trained = trainable_turns(
-                turns, filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of
-            )
-            update = trainer.grpo_step(trained)
+            if reference is None:  # GRPO: advantages within (role, task) groups
+                assign_advantages(
+                    episodes,
+                    scale=cfg.grpo.scale_advantages,
+                    kind=cfg.grpo.advantage,
+                    reflection_credit=cfg.grpo.reflection_credit,
+                )
+                turns = training_turns(episodes)
+                trained = trainable_turns(
+                    turns, filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of
+                )
+                update = trainer.grpo_step(trained) | credit_metrics(turns, trained, system.backbone.adapters)
+            else:  # DPO: pairs of the rollout's groups, against the adapters the stage began with
+                pairs = reference_scored(trainer, mine_pairs(episodes, cfg.dpo.pairs), reference, cfg.dpo)
+                update = trainer.preference_step(pairs, cfg.dpo) | pair_metrics(pairs)
             state.step += 1
             state.data_pos += cfg.train.tasks_per_step
             elapsed = time.perf_counter() - started
             tokens = sum(t.generated_tokens for ep in episodes for t in ep.turns)
             state.generated_tokens += int(ranks.sum([tokens])[0])  # the budget is global: same on every rank
-            metrics = {**update, **credit_metrics(turns, trained, system.backbone.adapters)}
+            metrics = dict(update)
             metrics.update(rollout_metrics(episodes, system.roles))
             # Over every rank's episodes: the rates are of the whole batch, the same on every rank.
             metrics.update(defined(reflection_metrics(ranks.gather([reflected(ep) for ep in episodes]))))
@@ -162,7 +171,7 @@ def warm_start(
     cfg: Config, system: System, log: RunLog, test, evaluate, ckpt_root: Path, ranks: Ranks
 ) -> Stage:
     """A fresh run's start: held-out accuracy untrained, then the SFT stage when `sft.enabled`."""
-    state = Stage(stage="sft" if cfg.sft.enabled else "grpo")
+    state = Stage(stage="sft" if cfg.sft.enabled else cfg.train.algorithm)
     demos = sft_turns(cfg, system) if cfg.sft.enabled else []  # before evaluating: a bad file fails at once
     state.base_accuracy = evaluate()
     log.scalars({"eval/accuracy": state.base_accuracy}, 0)
@@ -172,7 +181,7 @@ def warm_start(
             cfg, system, demos, log, test, ckpt_root, ranks
         )
         console.print(f"held-out accuracy after SFT: {state.sft_accuracy:.3f}")
-        state.stage = "grpo"
+        state.stage = cfg.train.algorithm
     return state
 
 
@@ -189,6 +198,43 @@ def rollout(
     empty_passes = system.backbone.lockstep.drain()
     commit_lessons(system.memory, system.factory.lessons(episodes), ranks, private=system.memory_private)
     return episodes, empty_passes
+
+
+def preference_reference(
+    cfg: Config, trainer: PolicyTrainer, ckpt_root: Path, ranks: Ranks
+) -> dict[str, list[torch.Tensor]]:
+    """Every role's adapter weights as the DPO stage began (its loss's reference): taken now and kept in
+    the run's checkpoints folder, or, on resume, read back from there."""
+    path = ckpt_root / REFERENCE_FILE
+    if cfg.resume:
+        if not path.is_file():
+            raise SettingError(
+                f"train.algorithm=dpo resumes against the adapters its stage began with, and {path} is "
+                "missing: resume a run that trained with train.algorithm=dpo, or start a new run with "
+                "adapters=<that checkpoint>"
+            )
+        return torch.load(path, map_location=trainer.accelerator.device)
+    reference = {role: trainer.snapshot(role) for role in trainer.backbone.adapters}
+    if ranks.main:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        torch.save(reference, path)
+    return reference
+
+
+def reference_scored(
+    trainer: PolicyTrainer, pairs: list[PreferencePair], reference: dict, settings: PreferenceSettings
+) -> list[PreferencePair]:
+    """`pairs` with their turns' summed logprobs under `reference` (none when the loss needs none)."""
+    if not settings.needs_reference or not pairs:
+        return pairs
+    turns = [t for pair in pairs for t in (pair.chosen, pair.rejected)]
+    with ExitStack() as stack:
+        for role, weights in reference.items():
+            stack.enter_context(trainer.weights(role, weights))
+        logps = trainer.sequence_logprobs(turns)
+    return [
+        replace(pair, ref_chosen=logps[2 * k], ref_rejected=logps[2 * k + 1]) for k, pair in enumerate(pairs)
+    ]
 
 
 def within_budget(cfg: Config, state: Stage) -> bool:

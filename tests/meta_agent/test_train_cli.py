@@ -79,6 +79,29 @@ def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_di
     ).exists()
 
 
+@pytest.mark.slow  # four short runs, about 90 s
+def test_dpo_trains_on_pairs_of_each_rollout_and_resumes_against_its_reference(tiny_model_dir, tmp_path):
+    """The wiring of `meta-agent dpo` on the tiny model (whose episodes are all wrong, so it mines no pair:
+    the mining and the loss are tested by hand in tests/meta_agent/test_preference.py and
+    tests/training/test_preference.py)."""
+    run_dir = tmp_path / "run"
+    common = [f"model.path={tiny_model_dir}", *TINY, "memory.enabled=false", "train.checkpoint_every=1"]
+    proc = run_cli("dpo", *common, "train.steps=1", f"run_dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    tags = scalar_tags(run_dir)
+    assert {"dpo/pairs_plan", "dpo/pairs_execute", "dpo/pairs_reflection", "train/pairs"} <= tags
+    assert "role/executor/advantage" not in tags  # no GRPO credit in a DPO run
+    assert (run_dir / "checkpoints" / "dpo-reference.pt").is_file()
+    resumed = run_cli("dpo", *common, "train.steps=2", f"resume={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    # A GRPO run has no reference to resume DPO against: one line says so
+    grpo_dir = tmp_path / "grpo"
+    assert run_cli("train", *common, "train.steps=1", f"run_dir={grpo_dir}", cwd=tmp_path).returncode == 0
+    wrong = run_cli("dpo", *common, "train.steps=2", f"resume={grpo_dir}", cwd=tmp_path)
+    assert wrong.returncode == 2 and "dpo-reference.pt is missing" in wrong.stdout
+
+
 @pytest.mark.slow
 def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
