@@ -11,8 +11,8 @@ work for a reflection), wrote different completions, and what followed them diff
     reflection  a reflection whose verdict did more for the answer (roles.round_reflection_reward:
                 a wrong answer revised into a right one over one accepted, ...) over one that did less
 
-Within a bucket of equal prompts the best turns are matched with the worst that differ from them,
-each turn in one pair at most. Everything a pair needs is in the episodes: no second rollout.
+Within a bucket of equal prompts each distinct completion is valued at the mean over the turns that
+wrote it, and every two distinct completions of different value make a pair (at most 6 for G = 4). Everything a pair needs is in the episodes: no second rollout.
 """
 
 from __future__ import annotations
@@ -79,21 +79,19 @@ def _value(ep: Episode, record: TurnRecord, kind: str) -> float | None:
 
 
 def _matched(members: list[tuple[float, Turn]], kind: str) -> list[PreferencePair]:
-    """Pairs of one bucket: its turns taken best first (ties in episode order), each against the worst
-    turn not yet paired that scored less and wrote something else; each turn in one pair at most."""
-    order = sorted(range(len(members)), key=lambda k: (-members[k][0], k))
-    used: set[int] = set()
-    pairs = []
-    for b in order:
-        if b in used:
-            continue
-        for w in reversed(order):
-            (vb, chosen), (vw, rejected) = members[b], members[w]
-            if w not in used and vw < vb and chosen.completion_ids != rejected.completion_ids:
-                pairs.append(PreferencePair(chosen, rejected, kind))
-                used |= {b, w}
-                break
-    return pairs
+    """Pairs of one bucket: its distinct completions, each valued at the mean of its turns' values (a
+    text that went right once and wrong once is worth 0.5, so no two pairs contradict), every one against
+    every other of lower value, the better first; each text stands for itself once (its first turn)."""
+    by_text: dict[tuple[int, ...], list[tuple[float, Turn]]] = {}
+    for value, turn in members:
+        by_text.setdefault(turn.completion_ids, []).append((value, turn))
+    texts = [(sum(v for v, _ in group) / len(group), group[0][1]) for group in by_text.values()]
+    return [
+        PreferencePair(better, worse, kind)
+        for i, (high, better) in enumerate(texts)
+        for low, worse in texts[i + 1 :] + texts[:i]
+        if high > low
+    ]
 
 
 def pair_metrics(pairs: Sequence[PreferencePair]) -> dict[str, float]:

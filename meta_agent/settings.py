@@ -230,6 +230,11 @@ class Config:
                 "train.updates_per_rollout or train.minibatches above 1 with model.fsdp=true and TIS "
                 "(grpo.tis_cap) is not supported yet: use one update per rollout there, or grpo.tis_cap=null"
             )
+        if self.train.algorithm == "dpo" and (self.model.fsdp or several):
+            raise ValueError(
+                "train.algorithm=dpo takes one optimizer step per rollout on one unsharded backbone: set "
+                "model.fsdp=false, train.updates_per_rollout=1 and train.minibatches=1"
+            )
         if self.grpo.reflection_credit == "round" and not any(
             role.kind == META_THINKER and role.reward.rewards_reflection for role in self.roles.values()
         ):

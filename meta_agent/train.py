@@ -98,6 +98,11 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     if cfg.resume:  # exactly where it stopped: adapters, optimizer, scheduler, RNG, data position, step
         trainer = policy_trainer(cfg, system, ranks)
         state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
+        if state.stage not in ("sft", cfg.train.algorithm):
+            raise SettingError(
+                f"{cfg.resume} was trained with train.algorithm={state.stage}: resume it with that (meta-agent "
+                f"{'dpo' if state.stage == 'dpo' else 'train'}), or start a new run from its adapters with adapters=..."
+            )
         # Lessons committed after the checkpoint belong to steps that will be played again.
         rollback_memory(system.memory, state.memory_max_id, ranks, private=system.memory_private)
         console.print(f"resumed from {cfg.resume} at step {state.step}")
@@ -213,7 +218,13 @@ def preference_reference(
                 "missing: resume a run that trained with train.algorithm=dpo, or start a new run with "
                 "adapters=<that checkpoint>"
             )
-        return torch.load(path, map_location=trainer.accelerator.device)
+        reference = torch.load(path, map_location=trainer.accelerator.device, weights_only=True)
+        if set(reference) != set(trainer.backbone.adapters):
+            raise SettingError(
+                f"{path} holds the adapters of roles {sorted(reference)}, and this run trains "
+                f"{sorted(trainer.backbone.adapters)}: resume with the roles the run began with"
+            )
+        return reference
     reference = {role: trainer.snapshot(role) for role in trainer.backbone.adapters}
     if ranks.main:
         ckpt_root.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,12 @@ SUMMED_METRICS = (
     "/loss",
     "/sft_nll",
     "time/tokens_per_s",
+    "dpo/pairs_",  # each rank's pairs of each kind
+    # preference_step's per-role means, each rank's sum over its pairs divided by the global count
+    "/pref_loss",
+    "/pref_accuracy",
+    "/pref_chosen_reward",
+    "/pref_rejected_reward",
 )
 
 

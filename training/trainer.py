@@ -346,11 +346,16 @@ class PolicyTrainer:
     def weights(self, role: str, snapshot: Sequence[torch.Tensor]) -> Iterator[None]:
         """`role`'s adapter holds `snapshot` inside the block, its own weights again after it."""
         params = self.backbone.trainable_parameters(role)
+        shapes = [tuple(p.shape) for p in params]
+        if shapes != [tuple(w.shape) for w in snapshot]:
+            raise ValueError(
+                f"the snapshot of {role!r} does not fit its adapter (other LoRA ranks or modules)"
+            )
         own = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for p, w in zip(params, snapshot, strict=True):
-                p.copy_(w)
         try:
+            with torch.no_grad():
+                for p, w in zip(params, snapshot, strict=True):
+                    p.copy_(w)
             yield
         finally:
             with torch.no_grad():
@@ -410,8 +415,9 @@ class PolicyTrainer:
                 sums["loss"] += float(losses.detach().sum())
                 for name, values in stats.items():
                     sums[name] += float(values.sum())
-            metrics.update({f"role/{role}/pref_{name}": value / len(own) for name, value in sums.items()})
-            metrics[f"role/{role}/pairs"] = float(len(own))
+            # Over the global count: summed over the ranks (training.distributed.SUMMED_METRICS), the mean
+            metrics.update({f"role/{role}/pref_{name}": value / n for name, value in sums.items()})
+            metrics[f"role/{role}/pairs"] = float(n)
         metrics.update(self._optimizer_step())
         return metrics
 

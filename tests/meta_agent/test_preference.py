@@ -79,3 +79,60 @@ def test_bad_dpo_settings_name_the_key():
         load_config(["dpo.loss=kto"])
     cfg = load_config(["train.algorithm=dpo", "dpo.loss=simpo", "dpo.pairs=[reflection]"])
     assert cfg.dpo.pairs == ["reflection"] and not cfg.dpo.needs_reference
+
+
+def test_distinct_texts_pair_by_their_mean_value_so_no_two_pairs_contradict():
+    from meta_agent.preference import _matched
+    from training.types import Turn
+
+    def turn(text, episode):
+        return Turn(
+            "meta_thinker", "t", (1,), tuple(text), (1,) * len(text), (0.0,) * len(text), episode=episode
+        )
+
+    x, y, z = [5], [6], [7]
+    # X right then wrong, Y wrong then right: both worth 0.5, nothing to prefer (not X > Y and Y > X)
+    assert (
+        _matched([(1.0, turn(x, 0)), (0.0, turn(y, 1)), (1.0, turn(y, 2)), (0.0, turn(x, 3))], "plan") == []
+    )
+    # X right, Y right and wrong, Z wrong: X 1 > Y 0.5 > Z 0, three pairs, each text by its first turn
+    pairs = _matched([(1.0, turn(x, 0)), (1.0, turn(y, 1)), (0.0, turn(y, 2)), (0.0, turn(z, 3))], "plan")
+    assert sorted((p.chosen.episode, p.rejected.episode) for p in pairs) == [(0, 1), (0, 3), (1, 3)]
+
+
+def test_a_resumed_dpo_stage_scores_against_the_adapters_it_began_with(tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from meta_agent.errors import SettingError
+    from meta_agent.train import REFERENCE_FILE, preference_reference
+    from tests.tiny_model import build_tiny_backbone
+    from training.backbone import AdapterConfig
+    from training.distributed import Ranks
+    from training.trainer import PolicyTrainer
+
+    roles = ("meta_thinker", "executor")
+    backbone = build_tiny_backbone(
+        tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in roles}, seed=0, lora_b_std=0.05
+    )
+    trainer = PolicyTrainer(backbone, dict.fromkeys(roles, 5e-3))
+    began = preference_reference(SimpleNamespace(resume=None), trainer, tmp_path, Ranks())
+    assert (tmp_path / REFERENCE_FILE).is_file()
+    with torch.no_grad():  # the stage trains on: the adapters move away from where it began
+        for p in backbone.trainable_parameters("executor"):
+            p.add_(0.5)
+    again = preference_reference(SimpleNamespace(resume="runs/x"), trainer, tmp_path, Ranks())
+    for role in roles:
+        assert all(torch.equal(a, b) for a, b in zip(again[role], began[role], strict=True))
+    assert not torch.equal(again["executor"][0], backbone.trainable_parameters("executor")[0])
+    with pytest.raises(SettingError, match="is missing"):
+        preference_reference(SimpleNamespace(resume="runs/x"), trainer, tmp_path / "other", Ranks())
+
+
+def test_dpo_refuses_what_it_does_not_support_before_anything_loads():
+    from meta_agent.config import load_config
+    from meta_agent.errors import SettingError
+
+    with pytest.raises(SettingError, match="train.algorithm=dpo takes one optimizer step per rollout"):
+        load_config(["train.algorithm=dpo", "train.updates_per_rollout=2"])

@@ -95,11 +95,13 @@ def test_dpo_trains_on_pairs_of_each_rollout_and_resumes_against_its_reference(t
     resumed = run_cli("dpo", *common, "train.steps=2", f"resume={run_dir}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-000002"
-    # A GRPO run has no reference to resume DPO against: one line says so
+    as_grpo = run_cli("train", *common, "train.steps=3", f"resume={run_dir}", cwd=tmp_path)
+    assert as_grpo.returncode == 2 and "was trained with train.algorithm=dpo" in as_grpo.stdout
+    # A GRPO run resumed as DPO (it has no reference either): one line says so
     grpo_dir = tmp_path / "grpo"
     assert run_cli("train", *common, "train.steps=1", f"run_dir={grpo_dir}", cwd=tmp_path).returncode == 0
     wrong = run_cli("dpo", *common, "train.steps=2", f"resume={grpo_dir}", cwd=tmp_path)
-    assert wrong.returncode == 2 and "dpo-reference.pt is missing" in wrong.stdout
+    assert wrong.returncode == 2 and "was trained with train.algorithm=grpo" in wrong.stdout
 
 
 @pytest.mark.slow

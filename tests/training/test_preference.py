@@ -147,3 +147,18 @@ def test_a_reference_loss_refuses_unscored_pairs(tokenizer):
     with pytest.raises(ValueError, match="of one role"):
         pair = pairs_of(backbone)[0]
         PreferencePair(pair.chosen, replace(pair.rejected, role="executor"))
+
+
+def test_weights_restore_the_adapter_after_an_error_and_refuse_a_snapshot_that_does_not_fit(tokenizer):
+    backbone = build_tiny_backbone(
+        tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in ROLES}, seed=0, lora_b_std=0.05
+    )
+    trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 5e-3))
+    own = trainer.snapshot("executor")
+    zeros = [torch.zeros_like(w) for w in own]
+    with pytest.raises(RuntimeError, match="inside"), trainer.weights("executor", zeros):
+        assert all(float(p.detach().abs().sum()) == 0 for p in backbone.trainable_parameters("executor"))
+        raise RuntimeError("inside")
+    assert all(torch.equal(p, w) for p, w in zip(backbone.trainable_parameters("executor"), own, strict=True))
+    with pytest.raises(ValueError, match="does not fit"), trainer.weights("executor", own[:-1]):
+        pass
