@@ -15,8 +15,9 @@ experiment's wall time), then its single-agent experiment up to the same generat
 rounds allowed and the arms `no_reflection` (one round) and `no_plan`. The file is written after every
 part, so a stopped run keeps what it finished; seeds run before with the same overrides and the same
 resolved settings and code (`config_sha`, over the settings and `TRAINING_REVISION`: an edited experiment
-yaml, or code that trains differently, is another experiment) are kept and
-summarised with the new ones (others: dropped, with a line saying so).
+yaml, or code that trains differently, is another experiment; a setting added later at the value
+that trains as before, NEUTRAL, is not part of it) are kept and summarised with the new ones (others:
+dropped, with a line saying so).
 
 Writes bench/results/learning.json; the default task at its top level, the reflection task in its
 `reflection_task` section (a run of one keeps the other):
@@ -136,6 +137,37 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
     return final, time.perf_counter() - started, run_dir
 
 
+# Settings added after fingerprints began, with the value that trains exactly as before they existed (a
+# section: the setting that makes it unused). At that value they are left out of the fingerprint, so a
+# new feature that a run does not use keeps its earlier seeds in the same means.
+NEUTRAL = {
+    "train.algorithm": "grpo",
+    "grpo.zero_variance_of": "reward",
+    "dpo": ("train.algorithm", "grpo"),  # the dpo: section is read only by train.algorithm=dpo
+}
+
+
+def without_neutral(settings: dict) -> dict:
+    """`settings` (a resolved config as nested dicts) without the NEUTRAL ones at their neutral value."""
+
+    def get(key: str):
+        node = settings
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    out = json.loads(json.dumps(settings, default=str))
+    for key, neutral in NEUTRAL.items():
+        unused = get(neutral[0]) == neutral[1] if isinstance(neutral, tuple) else get(key) == neutral
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part, {})
+        if unused:
+            node.pop(leaf, None)
+    return out
+
+
 def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides),
     and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder, and of
@@ -144,7 +176,7 @@ def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     however its yaml changed."""
     cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
     dtype = str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
-    settings = OmegaConf.to_container(as_dictconfig(cfg), resolve=True)
+    settings = without_neutral(OmegaConf.to_container(as_dictconfig(cfg), resolve=True))
     fingerprinted = {"settings": settings, "training_revision": TRAINING_REVISION}
     if cfg.sft.source in DEMONSTRATIONS_REVISION:
         fingerprinted["demonstrations_revision"] = DEMONSTRATIONS_REVISION[cfg.sft.source]

@@ -143,6 +143,25 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
     assert settings_of("arith_hierarchy", ["model.dtype=float32"])[0] == "float32"
 
 
+def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
+    """train.algorithm, grpo.zero_variance_of and the dpo: section came after the default experiment's
+    seeds were recorded: at the values that train as before, the fingerprint does not see them."""
+    from bench.learning import NEUTRAL, settings_of, without_neutral
+
+    same = settings_of("arith_hierarchy", [])
+    assert settings_of("arith_hierarchy", ["train.algorithm=grpo", "grpo.zero_variance_of=reward"]) == same
+    assert settings_of("arith_hierarchy", ["dpo.beta=0.5"]) == same  # dpo: unread by a GRPO run
+    assert settings_of("arith_hierarchy", ["grpo.zero_variance_of=outcome"])[1] != same[1]
+    assert settings_of("arith_hierarchy", ["train.algorithm=dpo"])[1] != same[1]
+    settings = {
+        "train": {"algorithm": "grpo", "steps": 4},
+        "grpo": {"zero_variance_of": "reward"},
+        "dpo": {"beta": 1},
+    }
+    assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {}}
+    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo"}
+
+
 def test_the_fingerprint_follows_the_training_code(monkeypatch):
     """Code that trains differently (TRAINING_REVISION) is another experiment, with the same settings."""
     import bench.learning as learning
