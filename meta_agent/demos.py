@@ -69,7 +69,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SOURCES = ("arith", "arith_distract", "gsm8k")
-TURN_FIELDS = ("role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode")
+TURN_FIELDS = (
+    "role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode", "correct"
+)  # fmt: skip
 
 
 class DemoError(RuntimeError):
@@ -314,6 +316,7 @@ def _read_turn(line: str, where: str, roles: Collection[str] | None, vocab_size:
             logprobs=tuple(float(x) for x in row["logprobs"]),
             reward=float(row["reward"]),
             episode=int(row["episode"]),
+            correct=None if row.get("correct") is None else bool(row["correct"]),  # files before it: None
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise BadData(
