@@ -318,25 +318,22 @@ class PolicyTrainer:
     def sequence_logprobs(self, turns: Sequence[Turn]) -> list[float]:
         """Each turn's summed logprob of its generated (mask 1) tokens under its role's adapter as it is
         now, at temperature 1; no gradient."""
-        out: dict[int, float] = {}
+        out: dict[int, float] = {}  # by id() of the turn
         for role in self.backbone.adapters:
-            own = sorted(
-                (i for i, t in enumerate(turns) if t.role == role), key=lambda i: len(turns[i].prompt_ids)
-            )
+            own = [t for t in turns if t.role == role]
             if not own:
                 continue
             self.backbone.activate(role)
-            size = self.update.micro_batch_size
-            for chunk in (own[k : k + size] for k in range(0, len(own), size)):
-                batch = collate([turns[i] for i in chunk], self.backbone.pad_id, self.accelerator.device)
+            for chunk in micro_batches(own, self.update.micro_batch_size):
+                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
                 with torch.no_grad():
                     logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
                 sums = (logprobs * batch.loss_mask).sum(-1)  # [B]
-                out.update({i: float(x) for i, x in zip(chunk, sums, strict=True)})
+                out.update({id(t): float(x) for t, x in zip(chunk, sums, strict=True)})
         unknown = {t.role for t in turns} - set(self.backbone.adapters)
         if unknown:
             raise ValueError(f"no adapter for roles {sorted(unknown)}")
-        return [out[i] for i in range(len(turns))]
+        return [out[id(t)] for t in turns]
 
     def snapshot(self, role: str) -> list[torch.Tensor]:
         """A copy of `role`'s adapter weights (the reference of a preference stage)."""
