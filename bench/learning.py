@@ -144,6 +144,7 @@ NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
     "dpo": ("train.algorithm", "grpo"),  # the dpo: section is read only by train.algorithm=dpo
+    "value": ("grpo.advantage", ("grpo", "rloo", "reinforce_pp")),  # read only by grpo.advantage=gae
 }
 
 
@@ -158,7 +159,11 @@ def without_neutral(settings: dict) -> dict:
 
     out = json.loads(json.dumps(settings, default=str))
     for key, neutral in NEUTRAL.items():
-        unused = get(neutral[0]) == neutral[1] if isinstance(neutral, tuple) else get(key) == neutral
+        if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)
+            setting, unread = neutral
+            unused = get(setting) in unread if isinstance(unread, tuple) else get(setting) == unread
+        else:
+            unused = get(key) == neutral
         *parents, leaf = key.split(".")
         node = out
         for part in parents:

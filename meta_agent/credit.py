@@ -9,7 +9,11 @@ An episode gives each role one reward (roles.rewards); a role with several turns
 and reflection) counts once in its group's statistics, and all its turns share the advantage, except
 the meta-thinker's reflections under `reflection_credit="round"`: each is credited with what it did
 (roles.rewards.round_reflection_reward), normalised among the reflections of the same task and round. The maths
-is training.grpo.advantages (grpo, rloo or reinforce_pp baselines).
+is training.grpo.advantages (grpo, rloo or reinforce_pp baselines). With grpo.advantage=gae each turn
+gets its own advantage against the value heads instead (assign_gae, training.value):
+
+    values, features = trainer.state_values(training_turns(episodes))
+    returns = assign_gae(episodes, values, gamma=cfg.value.gamma, lam=cfg.value.lam, scale=...)
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from collections.abc import Sequence
 from meta_agent.episode import Episode
 from meta_agent.episode_records import REFLECT
 from roles import META_THINKER, round_reflection_reward
-from training.grpo import advantages
+from training.grpo import advantages, batch_advantages
 from training.types import Turn
+from training.value import turn_gae
 
 
 def credited_roles(episode: Episode) -> list[str]:
@@ -65,6 +70,23 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
             keys.append((turn.role, ep.task.id, REFLECT, turn.round))
     for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
         turn.advantage = advantage
+
+
+def assign_gae(
+    episodes: Sequence[Episode], values: Sequence[float], *, gamma: float, lam: float, scale: bool = True
+) -> list[float]:
+    """Set each learned turn's `advantage` by GAE over its role's turns in its episode, `values` being
+    the value heads' estimates of the turns of training_turns(episodes), in that order; with `scale`
+    whitened over each role's turns of the rollout (PPO's normalisation). Returns the turns' value
+    targets (GAE's returns), in the same order."""
+    turns = training_turns(episodes)
+    gained, returns = turn_gae(turns, values, gamma=gamma, lam=lam)
+    if scale:
+        gained = batch_advantages(gained, [t.role for t in turns])
+    records = [record for ep in episodes for record in ep.learned_turns]
+    for record, advantage in zip(records, gained, strict=True):
+        record.advantage = advantage
+    return returns
 
 
 def training_turns(episodes: Sequence[Episode]) -> list[Turn]:

@@ -27,6 +27,7 @@ from training.grpo import GRPOSettings
 from training.model_files import ModelConfig
 from training.preference import PreferenceSettings
 from training.trainer import UpdateSettings
+from training.value import ValueSettings
 
 
 @dataclass
@@ -203,6 +204,7 @@ class Config:
     eval: EvalSettings = field(default_factory=EvalSettings)  # meta-agent eval and held-out evaluations
     train: TrainSettings = field(default_factory=TrainSettings)  # the GRPO loop and its optimizer steps
     grpo: GRPOSettings = field(default_factory=GRPOSettings)  # the policy loss and its advantages
+    value: ValueSettings = field(default_factory=ValueSettings)  # grpo.advantage=gae: GAE and value heads
     dpo: DPOSettings = field(
         default_factory=DPOSettings
     )  # train.algorithm=dpo: pairs and the preference loss
@@ -234,6 +236,13 @@ class Config:
             raise ValueError(
                 "train.algorithm=dpo takes one optimizer step per rollout on one unsharded backbone: set "
                 "model.fsdp=false, train.updates_per_rollout=1 and train.minibatches=1"
+            )
+        if self.grpo.advantage == "gae" and self.model.fsdp:
+            # The value pass is a forward pass per micro-batch, which a sharded backbone runs as a
+            # collective: not padded across ranks as the update passes are.
+            raise ValueError(
+                "grpo.advantage=gae on a sharded backbone (model.fsdp=true) is not supported yet: use "
+                "model.fsdp=false with it, or grpo.advantage=grpo"
             )
         if self.grpo.reflection_credit == "round" and not any(
             role.kind == META_THINKER and role.reward.rewards_reflection for role in self.roles.values()

@@ -181,4 +181,7 @@ def policy_trainer(
     roles = [r for r in system.roles if r.name in backbone.adapters]
     lr = {r.name: r.lr * lr_scale for r in roles}
     temperature = {r.name: r.sampling.temperature for r in roles}
-    return PolicyTrainer(backbone, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train, ranks=ranks)
+    value = cfg.value if cfg.grpo.advantage == "gae" else None  # value heads only where GAE reads them
+    return PolicyTrainer(
+        backbone, lr, temperature=temperature, grpo=cfg.grpo, update=cfg.train, ranks=ranks, value=value
+    )

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meta_agent.config import commented_yaml, hparams
-from meta_agent.credit import assign_advantages, credit_metrics, training_turns
+from meta_agent.credit import assign_advantages, assign_gae, credit_metrics, training_turns
 from meta_agent.episode import Episode
 from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
@@ -117,18 +117,14 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             started = time.perf_counter()
             episodes, empty_passes = rollout(cfg, system, pool, state, ranks)
             rollout_s = time.perf_counter() - started
-            if reference is None:  # GRPO: advantages within (role, task) groups
-                assign_advantages(
-                    episodes,
-                    scale=cfg.grpo.scale_advantages,
-                    kind=cfg.grpo.advantage,
-                    reflection_credit=cfg.grpo.reflection_credit,
-                )
+            if reference is None:  # GRPO: advantages within (role, task) groups, or against value heads
+                value_update = assign_credit(cfg, trainer, episodes)
                 turns = training_turns(episodes)
                 trained = trainable_turns(
                     turns, filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of
                 )
                 update = trainer.grpo_step(trained) | credit_metrics(turns, trained, system.backbone.adapters)
+                update |= value_update
             else:  # DPO: pairs of the rollout's groups, against the adapters the stage began with
                 pairs = reference_scored(trainer, mine_pairs(episodes, cfg.dpo.pairs), reference, cfg.dpo)
                 update = trainer.preference_step(pairs, cfg.dpo) | pair_metrics(pairs)
@@ -170,6 +166,25 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     final |= {"train/grpo_steps": float(state.step), "train/generated_tokens": float(state.generated_tokens)}
     log.config(commented_yaml(cfg), hparams(cfg), final)
     return final
+
+
+def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) -> dict[str, float]:
+    """Advantages onto the rollout's turns as grpo.advantage says. gae: the value heads' estimates of
+    every turn's state first, then GAE, then the heads fitted on the returns (their metrics returned)."""
+    if cfg.grpo.advantage != "gae":
+        assign_advantages(
+            episodes,
+            scale=cfg.grpo.scale_advantages,
+            kind=cfg.grpo.advantage,
+            reflection_credit=cfg.grpo.reflection_credit,
+        )
+        return {}
+    turns = training_turns(episodes)
+    values, features = trainer.state_values(turns)
+    returns = assign_gae(
+        episodes, values, gamma=cfg.value.gamma, lam=cfg.value.lam, scale=cfg.grpo.scale_advantages
+    )
+    return trainer.value_step(turns, features, returns)
 
 
 def warm_start(

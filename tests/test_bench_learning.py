@@ -144,8 +144,9 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
 
 
 def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
-    """train.algorithm, grpo.zero_variance_of and the dpo: section came after the default experiment's
-    seeds were recorded: at the values that train as before, the fingerprint does not see them."""
+    """train.algorithm, grpo.zero_variance_of and the dpo: and value: sections came after the default
+    experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
+    them."""
     from bench.learning import NEUTRAL, settings_of, without_neutral
 
     same = settings_of("arith_hierarchy", [])
@@ -153,13 +154,23 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     assert settings_of("arith_hierarchy", ["dpo.beta=0.5"]) == same  # dpo: unread by a GRPO run
     assert settings_of("arith_hierarchy", ["grpo.zero_variance_of=outcome"])[1] != same[1]
     assert settings_of("arith_hierarchy", ["train.algorithm=dpo"])[1] != same[1]
+    assert settings_of("arith_hierarchy", ["value.lam=0.5", "grpo.advantage=rloo"]) == settings_of(
+        "arith_hierarchy", ["grpo.advantage=rloo"]
+    )  # value: unread by any advantage but gae
+    gae = ["grpo.advantage=gae", "grpo.filter_zero_variance=false"]
+    assert (
+        settings_of("arith_hierarchy", [*gae, "value.lam=0.5"])[1] != settings_of("arith_hierarchy", gae)[1]
+    )
     settings = {
         "train": {"algorithm": "grpo", "steps": 4},
         "grpo": {"zero_variance_of": "reward"},
         "dpo": {"beta": 1},
+        "value": {"lam": 0.95},
     }
-    assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {}}
-    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo"}
+    assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {}, "value": {"lam": 0.95}}
+    settings["grpo"]["advantage"] = "grpo"
+    assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {"advantage": "grpo"}}
+    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo", "value"}
 
 
 def test_the_fingerprint_follows_the_training_code(monkeypatch):

@@ -92,6 +92,26 @@ def completion_logits(model: torch.nn.Module, batch: TurnBatch) -> torch.Tensor:
     return out.logits[:, :-1, :]  # [B, K, V]
 
 
+def prompt_batch(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> dict:
+    """The forward-pass inputs of prompts alone, left-padded so each prompt's last token is at the last
+    position: input_ids, attention_mask and position_ids, [B, T] each."""
+    if not prompts or not all(prompts):
+        raise ValueError("prompt_batch() needs at least one prompt, none of them empty")
+    length = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), length), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, length - len(p) :] = torch.tensor(list(p))
+        attention[i, length - len(p) :] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    to = torch.device(device)
+    return {
+        "input_ids": input_ids.to(to),
+        "attention_mask": attention.to(to),
+        "position_ids": position_ids.to(to),
+    }
+
+
 def micro_batches(turns: Sequence[Turn], size: int, *, whole_episodes: bool = False) -> list[list[Turn]]:
     """Split turns into micro-batches of similar length (less padding), in a stable order.
 

@@ -207,6 +207,7 @@ def save_checkpoint(
                 "scheduler": trainer.scheduler.state_dict(),
                 "rng": rng[0],
                 "rng_ranks": rng,
+                **({"values": trainer.values.state()} if trainer.values is not None else {}),
             },
             tmp / TRAINER_FILE,
         )
@@ -310,6 +311,13 @@ def load_checkpoint(path: str | Path, trainer: PolicyTrainer) -> tuple[int, dict
             f"optimizer/scheduler state in {path / TRAINER_FILE} does not fit this trainer ({err}): "
             "resume with the adapter settings (rank, target modules) of the run that wrote it"
         ) from err
+    if trainer.values is not None:
+        if "values" not in saved:
+            raise CheckpointError(
+                f"checkpoint {path} has no value heads (its run did not train with grpo.advantage=gae): "
+                "resume it with the advantage it was trained with, or start a new run from it with adapters=..."
+            )
+        trainer.values.load_state(saved["values"])
     # Each rank continues its own random streams; a run resumed on another number of processes
     # restores rank 0's on every rank.
     per_rank = saved.get("rng_ranks") or [saved["rng"]]

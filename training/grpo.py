@@ -32,7 +32,8 @@ from training.types import Turn
 RATIO_LEVELS = ("token", "turn", "sequence")
 FLAT = 1e-6  # rewards within this of each other count as equal: the group has no signal
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
-ADVANTAGES = ("grpo", "rloo", "reinforce_pp")
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "gae")
+GROUP_ADVANTAGES = ADVANTAGES[:3]  # those taken from a group's rewards alone (gae needs value heads)
 REFLECTION_CREDITS = ("episode", "round")
 SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
 
@@ -79,10 +80,15 @@ class GRPOSettings:
             raise ValueError("grpo.aggregation 'dr-grpo' needs grpo.max_tokens (the constant normaliser)")
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"grpo.advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
-        if self.advantage == "reinforce_pp" and self.filter_zero_variance:
+        if self.advantage in ("reinforce_pp", "gae") and self.filter_zero_variance:
             raise ValueError(
-                "grpo.advantage=reinforce_pp gives a task whose episodes all scored the same a nonzero "
+                f"grpo.advantage={self.advantage} gives a task whose episodes all scored the same a nonzero "
                 "advantage: set grpo.filter_zero_variance=false with it"
+            )
+        if self.advantage == "gae" and self.reflection_credit != "episode":
+            raise ValueError(
+                "grpo.advantage=gae already credits each reflection by itself (what followed it against "
+                "the value head's estimate before it): set grpo.reflection_credit=episode with it"
             )
         if self.zero_variance_of not in SPREADS:
             raise ValueError(f"grpo.zero_variance_of must be one of {SPREADS}, got {self.zero_variance_of!r}")
@@ -199,7 +205,7 @@ def advantages(
         return rloo_advantages(rewards, keys)
     if kind == "reinforce_pp":
         return batch_advantages(rewards, [key[0] for key in keys])
-    raise ValueError(f"unknown advantage {kind!r}; one of {ADVANTAGES}")
+    raise ValueError(f"advantage {kind!r} is not taken from rewards alone; one of {GROUP_ADVANTAGES}")
 
 
 def trainable_turns(

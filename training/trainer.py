@@ -24,11 +24,12 @@ import torch
 from accelerate import Accelerator
 
 from training.backbone import Backbone
-from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches
+from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches, prompt_batch
 from training.distributed import Ranks
 from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
 from training.preference import PreferencePair, PreferenceSettings, preference_loss
 from training.types import Turn
+from training.value import ValueHeads, ValueSettings
 
 
 @dataclass
@@ -57,7 +58,8 @@ class UpdateSettings:
 class PolicyTrainer:
     """`lr`: each role's learning rate (roles learn at different speeds). `temperature`: each role's
     sampling temperature, at which its tokens are scored (0, greedy, scores at 1: the rollout backends
-    record greedy logprobs there); default 1."""
+    record greedy logprobs there); default 1. `value`: give every role a value head (grpo.advantage=gae),
+    trained apart from the adapters (training.value)."""
 
     def __init__(
         self,
@@ -69,6 +71,7 @@ class PolicyTrainer:
         update: UpdateSettings | None = None,
         accelerator: Accelerator | None = None,
         ranks: Ranks | None = None,
+        value: ValueSettings | None = None,
     ):
         missing = [r for r in backbone.adapters if r not in lr]
         if missing:
@@ -103,6 +106,10 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self._stepped_roles: set[str] = set()  # roles some rank trains in the current step
+        self.values: ValueHeads | None = None
+        if value is not None:
+            hidden = backbone.model.get_base_model().config.hidden_size
+            self.values = ValueHeads(list(backbone.adapters), hidden, value).to(self.accelerator.device)
 
     # ---- GRPO --------------------------------------------------------------------------------
 
@@ -311,6 +318,70 @@ class PolicyTrainer:
                 metrics[f"role/{role}/sft_nll"] = nll
                 metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in by_role[role]))
         metrics.update(self._optimizer_step())
+        return metrics
+
+    # ---- value heads (grpo.advantage=gae) ----------------------------------------------------
+
+    def state_features(self, turns: Sequence[Turn]) -> torch.Tensor:
+        """The backbone's last hidden state (after its final norm) at each turn's last prompt token, with
+        the turn's role adapter active and no gradient: the state the turn acted in, [N, H] float32."""
+        out: dict[int, torch.Tensor] = {}  # by id() of the turn
+        base = self.model.get_base_model()
+        decoder = getattr(base, base.base_model_prefix)  # the transformer without its vocabulary head
+        training = self.model.training
+        self.model.eval()
+        try:
+            for role in self.backbone.adapters:
+                own = [t for t in turns if t.role == role]
+                if not own:
+                    continue
+                self.backbone.activate(role)
+                for chunk in micro_batches(own, self.update.micro_batch_size):
+                    inputs = prompt_batch(
+                        [t.prompt_ids for t in chunk], self.backbone.pad_id, self.accelerator.device
+                    )
+                    with torch.no_grad():
+                        hidden = decoder(**inputs, use_cache=False).last_hidden_state[:, -1]
+                    out.update({id(t): h.float() for t, h in zip(chunk, hidden, strict=True)})
+        finally:
+            self.model.train(training)
+        unknown = {t.role for t in turns} - set(self.backbone.adapters)
+        if unknown:
+            raise ValueError(f"no adapter for roles {sorted(unknown)}")
+        if not turns:
+            return torch.zeros((0, self.backbone.model.get_base_model().config.hidden_size))
+        return torch.stack([out[id(t)] for t in turns])
+
+    def state_values(self, turns: Sequence[Turn]) -> tuple[list[float], torch.Tensor]:
+        """Each turn's value under its role's head, and the features it was taken from (state_features)."""
+        if self.values is None:
+            raise RuntimeError(
+                "state_values() needs value heads: build the trainer with value=ValueSettings()"
+            )
+        features = self.state_features(turns)
+        with torch.no_grad():
+            values = [
+                float(self.values.predict(t.role, f.unsqueeze(0))[0])
+                for t, f in zip(turns, features, strict=True)
+            ]
+        return values, features
+
+    def value_step(
+        self, turns: Sequence[Turn], features: torch.Tensor, returns: Sequence[float]
+    ) -> dict[str, float]:
+        """Fit each role's value head on its turns' `returns` (training.value.ValueHeads.fit), every rank
+        together; returns the "value/<role>/..." metrics of the roles some rank has turns of."""
+        if self.values is None:
+            raise RuntimeError("value_step() needs value heads: build the trainer with value=ValueSettings()")
+        metrics: dict[str, float] = {}
+        roles = list(self.backbone.adapters)
+        counts = self.ranks.sum([sum(t.role == role for t in turns) for role in roles])
+        for role, count in zip(roles, counts, strict=True):
+            if count == 0:
+                continue  # every rank skips it alike
+            rows = [i for i, t in enumerate(turns) if t.role == role]
+            index = torch.tensor(rows, dtype=torch.long, device=features.device)
+            metrics.update(self.values.fit(role, features[index], [returns[i] for i in rows], self.ranks))
         return metrics
 
     # ---- preferences (DPO, IPO, SimPO) -------------------------------------------------------

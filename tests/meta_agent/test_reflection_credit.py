@@ -123,3 +123,41 @@ def test_round_credit_needs_a_reflection_weight():
         load_config(["grpo.reflection_credit=round"])
     cfg = load_config(["grpo.reflection_credit=round", "roles.meta_thinker.reward.improvement_bonus=1"])
     assert cfg.roles["meta_thinker"].reward.improvement_bonus == 1.0
+
+
+def test_gae_gives_each_turn_of_an_episode_its_own_advantage(make_episode):
+    """plan -> wrong answer -> revise -> right answer -> accept, valued by hand. The meta-thinker's plan
+    and two reflections are one trajectory, the executor's two rounds another, each rewarded at its end."""
+    from meta_agent.credit import assign_gae, training_turns
+
+    ep = two_rounds(make_episode, True)
+    assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
+    kinds = [(t.role, t.kind) for t in ep.learned_turns]
+    assert kinds == [
+        ("meta_thinker", "plan"),
+        ("executor", "execute"),
+        ("meta_thinker", "reflect"),
+        ("executor", "execute"),
+        ("meta_thinker", "reflect"),
+    ]
+    values = [0.2, 0.3, 0.4, 0.5, 0.9]
+    # meta-thinker, V 0.2, 0.4, 0.9, lambda 0.5: deltas 0.2, 0.5, 0.1 -> A 0.475, 0.55, 0.1
+    # executor, V 0.3, 0.5: deltas 0.2, 0.5 -> A 0.45, 0.5
+    returns = assign_gae([ep], values, gamma=1.0, lam=0.5, scale=False)
+    assert [t.advantage for t in ep.learned_turns] == pytest.approx([0.475, 0.45, 0.55, 0.5, 0.1])
+    assert returns == pytest.approx([0.675, 0.75, 0.95, 1.0, 1.0])
+    assert [t.advantage for t in training_turns([ep])] == pytest.approx([0.475, 0.45, 0.55, 0.5, 0.1])
+    # whitened per role: meta-thinker mean 0.375, sample std 0.24109; executor mean 0.475, std 0.035355
+    assign_gae([ep], values, gamma=1.0, lam=0.5, scale=True)
+    assert [t.advantage for t in ep.learned_turns] == pytest.approx(
+        [0.41478, -0.70711, 0.72587, 0.70711, -1.14065], abs=1e-4
+    )
+
+
+def test_gae_settings_are_checked_with_the_config():
+    with pytest.raises(SettingError, match="filter_zero_variance=false"):
+        load_config(["grpo.advantage=gae"])
+    cfg = load_config(["grpo.advantage=gae", "grpo.filter_zero_variance=false", "value.lam=0.9"])
+    assert cfg.value.lam == 0.9
+    with pytest.raises(SettingError, match="model.fsdp=false"):
+        load_config(["grpo.advantage=gae", "grpo.filter_zero_variance=false", "model.fsdp=true"])

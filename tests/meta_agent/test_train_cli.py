@@ -198,3 +198,31 @@ def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, m
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and "eval/accuracy" in rows[0]
     assert "eval/accuracy" in scalar_tags(run_dir)
+
+
+def test_gae_trains_value_heads_beside_the_adapters_and_checkpoints_them(tiny_model_dir, tmp_path):
+    """grpo.advantage=gae: each step values every turn's state, takes GAE, fits the heads (their metrics
+    logged) and keeps them in its checkpoints."""
+    import torch
+
+    from meta_agent import train as train_module
+    from meta_agent.config import load_config
+
+    run_dir = tmp_path / "run"
+    overrides = [f"model.path={tiny_model_dir}", *TINY, "train.steps=2", "train.checkpoint_every=1"]
+    overrides += ["grpo.advantage=gae", "value.lam=0.9", f"run_dir={run_dir}", "memory.path=null"]
+    train_module.train(load_config(overrides), run_dir)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "value/executor/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for role in ("meta_thinker", "executor"):
+        assert all(r[f"value/{role}/loss"] <= r[f"value/{role}/loss_before"] for r in steps)
+        assert steps[0][f"value/{role}/mean"] == 0.0  # the heads start at zero
+        assert steps[1][f"value/{role}/mean"] != 0.0  # and the second step reads the fitted ones
+    saved = torch.load(run_dir / "checkpoints" / "step-000002" / "trainer.pt", weights_only=True)
+    assert set(saved["values"]["heads"]) == {
+        f"{role}.{p}" for role in ("meta_thinker", "executor") for p in ("weight", "bias")
+    }
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    advantages = {turn["advantage"] for t in traces for turn in t["turns"] if turn["advantage"] is not None}
+    assert len(advantages) > 2  # turn by turn, not one value per (role, group) sign
