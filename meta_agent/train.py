@@ -180,11 +180,15 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
         )
         return {}
     turns = training_turns(episodes)
-    values, features = trainer.state_values(turns)
+    estimator = trainer.value_estimator()
     returns = assign_gae(
-        episodes, values, gamma=cfg.value.gamma, lam=cfg.value.lam, scale=cfg.grpo.scale_advantages
+        episodes,
+        estimator.estimate(turns),
+        gamma=cfg.value.gamma,
+        lam=cfg.value.lam,
+        scale=cfg.grpo.scale_advantages,
     )
-    return trainer.value_step(turns, features, returns)
+    return estimator.learn(turns, returns)
 
 
 def warm_start(

@@ -384,6 +384,10 @@ class PolicyTrainer:
             metrics.update(self.values.fit(role, features[index], [returns[i] for i in rows], self.ranks))
         return metrics
 
+    def value_estimator(self) -> HeadEstimator:
+        """The value heads as a training.value.ValueEstimator."""
+        return HeadEstimator(self)
+
     # ---- preferences (DPO, IPO, SimPO) -------------------------------------------------------
 
     def sequence_logprobs(self, turns: Sequence[Turn]) -> list[float]:
@@ -532,3 +536,31 @@ def _micro_batch_weight(aggregation: str, batch: TurnBatch, total_rows: int, tot
         return float(batch.loss_mask.sum()) / max(total_tokens, 1)
     rows = batch.targets.shape[0]
     return rows / max(total_rows, 1)
+
+
+class HeadEstimator:
+    """A PolicyTrainer's value heads as a training.value.ValueEstimator: `estimate` runs the value pass
+    and keeps its features, so `learn` on the same turns fits without another forward pass."""
+
+    def __init__(self, trainer: PolicyTrainer):
+        if trainer.values is None:
+            raise RuntimeError(
+                "a value estimator needs value heads: build the trainer with value=ValueSettings()"
+            )
+        self.trainer = trainer
+        self._features: tuple[list[Turn], torch.Tensor] | None = None
+
+    def estimate(self, turns: Sequence[Turn]) -> list[float]:
+        values, features = self.trainer.state_values(turns)
+        self._features = (list(turns), features)
+        return values
+
+    def learn(self, turns: Sequence[Turn], returns: Sequence[float]) -> dict[str, float]:
+        kept = self._features
+        same = (
+            kept is not None
+            and len(kept[0]) == len(turns)
+            and all(a is b for a, b in zip(kept[0], turns, strict=True))
+        )
+        features = kept[1] if same else self.trainer.state_features(turns)
+        return self.trainer.value_step(turns, features, returns)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -50,6 +51,83 @@ class ValueSettings:
             raise ValueError(f"value.lr must be > 0, got {self.lr}")
         if self.fit_steps < 0:
             raise ValueError(f"value.fit_steps must be >= 0, got {self.fit_steps}")
+
+
+@runtime_checkable
+class ValueEstimator(Protocol):
+    """What GAE needs of a value function (check_estimator is its conformance check): an estimate of the
+    state each turn acted in (its role and prompt), then a fit on those turns' returns. The trainer's
+    value heads are one (PolicyTrainer.value_estimator); a researcher's own goes in the same place."""
+
+    def estimate(self, turns: Sequence[Turn]) -> list[float]:
+        """One finite float per turn, in order, from the turn's role and prompt alone."""
+        ...
+
+    def learn(self, turns: Sequence[Turn], returns: Sequence[float]) -> dict[str, float]:
+        """Fit on the returns of turns estimated before; returns metrics by name."""
+        ...
+
+
+def check_estimator(estimator: ValueEstimator, turns: Sequence[Turn]) -> None:
+    """Raise AssertionError naming the first broken promise of the ValueEstimator protocol on `turns`
+    (at least two, of different prompts or roles): one finite float per turn, in order, unaffected by
+    the rest of the batch or by what a turn wrote; learning from returns moves the estimates toward them."""
+    turns = list(turns)
+    if len(turns) < 2:
+        raise ValueError("check_estimator() needs at least two turns")
+    _expect(
+        isinstance(estimator, ValueEstimator), f"{estimator!r} does not satisfy the ValueEstimator protocol"
+    )
+    values = estimator.estimate(turns)
+    _expect(len(values) == len(turns), f"estimate() gave {len(values)} values for {len(turns)} turns")
+    _expect(
+        all(isinstance(v, float) and v == v and abs(v) != float("inf") for v in values),
+        "estimate() gave a non-finite or non-float value",
+    )
+    alone = [estimator.estimate([t])[0] for t in turns]
+    _expect(
+        all(abs(a - v) < 1e-4 for a, v in zip(alone, values, strict=True)),
+        "a turn's value depends on the rest of its batch",
+    )
+    reversed_values = estimator.estimate(turns[::-1])[::-1]
+    _expect(
+        all(abs(a - v) < 1e-4 for a, v in zip(reversed_values, values, strict=True)),
+        "estimate() does not keep the turns' order",
+    )
+    rewritten = [
+        Turn(
+            t.role,
+            t.group,
+            t.prompt_ids,
+            t.completion_ids[:1],
+            t.loss_mask[:1],
+            t.logprobs[:1],
+            -t.reward,
+            t.episode,
+        )
+        for t in turns
+    ]
+    _expect(
+        all(abs(a - v) < 1e-4 for a, v in zip(estimator.estimate(rewritten), values, strict=True)),
+        "a turn's value depends on what it wrote or earned, not only on its state",
+    )
+    targets = [v + (1.0 if i % 2 == 0 else -1.0) for i, v in enumerate(values)]
+    before = sum((t - v) ** 2 for t, v in zip(targets, values, strict=True))
+    metrics = estimator.learn(turns, targets)
+    _expect(
+        isinstance(metrics, dict) and all(isinstance(k, str) for k in metrics),
+        "learn() must return a dict of metrics by name",
+    )
+    after = sum((t - v) ** 2 for t, v in zip(targets, estimator.estimate(turns), strict=True))
+    _expect(
+        after < before,
+        f"learn() did not move the estimates toward the returns (squared error {before:.4f} -> {after:.4f})",
+    )
+
+
+def _expect(condition: bool, rule: str) -> None:
+    if not condition:
+        raise AssertionError(f"ValueEstimator conformance: {rule}")
 
 
 def gae(rewards: Sequence[float], values: Sequence[float], gamma: float, lam: float) -> tuple[list, list]:

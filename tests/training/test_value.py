@@ -10,7 +10,7 @@ from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from training.grpo import GRPOSettings, advantages
 from training.trainer import PolicyTrainer
 from training.types import Turn
-from training.value import ValueHeads, ValueSettings, explained_variance, gae, turn_gae
+from training.value import ValueHeads, ValueSettings, check_estimator, explained_variance, gae, turn_gae
 
 ROLES = ("meta_thinker", "executor")
 
@@ -148,3 +148,46 @@ def test_value_heads_round_trip_through_a_checkpoint(tokenizer, tmp_path):
     save_checkpoint(tmp_path / "plain", 1, plain, {})
     with pytest.raises(CheckpointError, match="no value heads"):
         load_checkpoint(tmp_path / "plain" / "step-000001", fresh_trainer(tokenizer, ValueSettings()))
+
+
+def estimator_turns(tokenizer) -> list[Turn]:
+    prompts = [chat_ids(tokenizer, f"task number {k}") for k in range(3)]
+    return [
+        Turn("executor", "a", prompts[0], (5, 6), (1, 1), (-1.0, -1.0), 1.0, 0),
+        Turn("meta_thinker", "a", prompts[1], (7,), (1,), (-1.0,), 0.0, 0),
+        Turn("executor", "b", prompts[2], (8,), (1,), (-1.0,), 0.0, 1),
+    ]
+
+
+def test_the_trainers_value_heads_conform(tokenizer):
+    check_estimator(fresh_trainer(tokenizer, ValueSettings()).value_estimator(), estimator_turns(tokenizer))
+
+
+class ReadsTheReward:
+    """An estimator that peeks at what a turn earned: no value of its state."""
+
+    def estimate(self, turns):
+        return [float(t.reward) for t in turns]
+
+    def learn(self, turns, returns):
+        return {}
+
+
+class LearnsNothing:
+    def estimate(self, turns):
+        return [0.0 for _ in turns]
+
+    def learn(self, turns, returns):
+        return {}
+
+
+@pytest.mark.parametrize(
+    ("estimator", "rule"),
+    [
+        (ReadsTheReward(), "depends on what it wrote or earned"),
+        (LearnsNothing(), "did not move the estimates"),
+    ],
+)
+def test_the_conformance_check_catches_a_broken_estimator(tokenizer, estimator, rule):
+    with pytest.raises(AssertionError, match=rule):
+        check_estimator(estimator, estimator_turns(tokenizer))
