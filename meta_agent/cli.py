@@ -28,6 +28,7 @@ from meta_agent.config import commented_yaml, compose_config, config_of_run, loa
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
+from meta_agent.planning import search
 from meta_agent.probe import mixed_slots, probe, write_probe
 from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.report import write_report
@@ -174,12 +175,25 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     task = Task(id="cli/0", question=question, answer="", source="cli")
     episode = system.factory.new(task)
     check_fits(len(episode.request().prompt_ids), cfg.protocol.max_new_tokens, context_length(system))
+    extra = {}
     with console.status("thinking"):
-        play([episode], system.backend, seed=cfg.seed)
+        if cfg.planner.name == "mcts":  # the shown episode is one of the search's, its answer the search's
+            [found] = search(system.factory, system.backend, [task], cfg.planner, seed=cfg.seed)
+            episode = found.episode
+            extra = {"search": found.tree.as_dict(), "simulations": found.simulations}
+        else:
+            play([episode], system.backend, seed=cfg.seed)
     commit_lessons(system.memory, system.factory.lessons([episode]), Ranks())
-    TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve")
+    TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve", **extra)
     system.close()
     console.print(Markdown(episode_markdown(episode)))
+    if extra:
+        plans = extra["search"]["children"]
+        console.print(
+            f"\nsearched {extra['simulations']} episodes over {len(plans)} plans; the most visited plan "
+            f"({max(c['visits'] for c in plans)} visits) answers by majority",
+            highlight=False,
+        )
     console.print(f"\n[bold]answer:[/bold] {episode.final_answer}")
     console.print(f"trace: {run_dir / 'traces.jsonl'}")
     return 0
@@ -257,7 +271,9 @@ def cmd_eval(overrides: list[str]) -> int:
         bar = progress.add_task("eval", total=total)
         for seed in seeds:  # the same problems, sampled with each seed
             advance = lambda n: progress.advance(bar, n)  # noqa: E731
-            runs[seed] = evaluate(system, tasks, cfg.eval, seed=seed, traces=traces, on_batch=advance)
+            runs[seed] = evaluate(
+                system, tasks, cfg.eval, seed=seed, traces=traces, on_batch=advance, planner=cfg.planner
+            )
     system.close()
     roles = ", ".join(r.name for r in system.roles)
     for seed, scores in runs.items():

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from meta_agent.episode import Episode
+from meta_agent.planning import PlannerSettings, search
 from meta_agent.rank_protocol import commit_lessons
 from meta_agent.reflection import reflected, reflection_metrics
 from meta_agent.runner import play
@@ -109,6 +110,7 @@ def evaluate(
     write_lessons: bool | None = None,
     final_reflection: bool = True,
     ranks: Ranks | None = None,
+    planner: PlannerSettings | None = None,
 ) -> dict[str, TaskScore]:
     """`settings.samples` episodes per problem, played `settings.episodes_per_batch` at a time: greedy
     at `settings.temperature` 0 with one sample; with more, each role samples at its own temperature
@@ -117,7 +119,10 @@ def evaluate(
     Lessons are committed per batch when `write_lessons` (default `settings.write_lessons`); held-out
     evaluation during training never writes what it saw of the test set into the memory it trains with.
     `final_reflection=False` skips the last round's reflection, which cannot change an answer.
+    `planner` with name mcts answers each problem by tree search (searched, below) instead.
     """
+    if planner is not None and planner.name == "mcts":
+        return searched(system, tasks, settings, planner, seed=seed, traces=traces, on_batch=on_batch)
     write = settings.write_lessons if write_lessons is None else write_lessons
     ranks = ranks or Ranks()
     temperature = None if settings.samples > 1 and settings.temperature == 0 else settings.temperature
@@ -139,6 +144,44 @@ def evaluate(
             if on_batch is not None:
                 on_batch(len(batch))
         scores[name] = score(name, played, settings.samples)
+    return scores
+
+
+def searched(
+    system: System,
+    tasks: Mapping[str, Sequence[Task]],
+    settings: EvalSettings,
+    planner: PlannerSettings,
+    *,
+    seed: int,
+    traces: TraceWriter | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> dict[str, TaskScore]:
+    """Each problem answered by meta_agent.planning.search, `settings.episodes_per_batch // planner.parallel`
+    problems searched together. A score counts the chosen answers; its episodes are the simulations shown
+    for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`)."""
+    per_search = max(1, settings.episodes_per_batch // planner.parallel)
+    scores = {}
+    for name, task_list in tasks.items():
+        results = []
+        for start in range(0, len(task_list), per_search):
+            chunk = search(
+                system.factory, system.backend, task_list[start : start + per_search], planner, seed=seed
+            )
+            if traces is not None:
+                for r in chunk:
+                    traces.write(
+                        [r.episode],
+                        split="eval",
+                        seed=seed,
+                        search=r.tree.as_dict(),
+                        simulations=r.simulations,
+                    )
+            results += chunk
+            if on_batch is not None:
+                on_batch(len(chunk))
+        shown = score(name, [r.episode for r in results])
+        scores[name] = replace(shown, generated_tokens=sum(r.generated_tokens for r in results))
     return scores
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from memory.settings import MemorySettings
 from meta_agent.episode import Limits
+from meta_agent.planning import PlannerSettings
 from meta_agent.preference import PAIR_KINDS
 from roles import META_THINKER, RoleSpec, check_roles
 from tools import ToolSettings
@@ -210,6 +211,9 @@ class Config:
     )  # train.algorithm=dpo: pairs and the preference loss
     sft: SFTSettings = field(default_factory=SFTSettings)  # the warm start on demonstrations
     probe: ProbeSettings = field(default_factory=ProbeSettings)  # meta-agent probe: counterfactual arms
+    planner: PlannerSettings = field(
+        default_factory=PlannerSettings
+    )  # eval and solve: tree search over plans
     question: str | None = None  # the question for `meta-agent solve`
     resume: str | None = None  # meta-agent train ... resume=<run folder or checkpoint>: continue exactly
     # trained role adapters for eval, solve and train: a folder of <role>/ adapters
@@ -236,6 +240,11 @@ class Config:
             raise ValueError(
                 "train.algorithm=dpo takes one optimizer step per rollout on one unsharded backbone: set "
                 "model.fsdp=false, train.updates_per_rollout=1 and train.minibatches=1"
+            )
+        if self.planner.name == "mcts" and self.eval.samples > 1:
+            raise ValueError(
+                "planner.name=mcts answers each problem once, by search (planner.simulations episodes): set "
+                "eval.samples=1 with it"
             )
         if self.grpo.advantage == "gae" and self.model.fsdp:
             # The value pass is a forward pass per micro-batch, which a sharded backbone runs as a

@@ -1,0 +1,303 @@
+"""Planning by tree search (`planner.name=mcts`): the meta-thinker's plans and revisions are the nodes.
+
+    results = search(system, tasks, PlannerSettings(name="mcts", simulations=8), seed=0)
+    results[0].answer, results[0].correct, results[0].tree   # the chosen answer and the searched tree
+
+One problem's tree: the root is the question; its children are plans the meta-thinker wrote; a plan's
+children are the revisions its reflections made after an execution under it (a revision's, the next
+round's). A node is the episode's state right after that turn, kept as the generated segments that led
+there, so a simulation from a node replays them (tool calls run again) and plays on with the roles
+sampling at their own temperatures: the executors' work and the reflections are drawn afresh each time.
+
+Each simulation walks down from the root by PUCT (Q + c_puct * P * sqrt(N) / (1 + n), P the policy's
+own prior: the softmax over siblings of each turn's mean token logprob) until a node may take another
+child (progressive widening: at most ceil(N ** widening) children), and plays one episode from there; its
+new plan or revision becomes a child. The episode's value, backed up along its path, is what the search
+can know without the answer key: `votes` (the share of the problem's answered simulations so far that
+reached the same answer: self-consistency) or `verdict` (1 when the meta-thinker's last reflection
+accepted an answer: the policy's own judgement). The answer is the majority answer of the simulations
+through the most visited plan. Simulations of every problem are played `parallel` at a time in one
+batch (pending ones count as visits of value 0, so a wave spreads over the tree).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from meta_agent.episode import Episode
+from meta_agent.episode_records import PLAN, REFLECT
+from meta_agent.runner import EpisodeFactory, next_requests
+from meta_agent.tasks import Task
+from training.types import GenerationBackend
+
+PLANNERS = ("none", "mcts")
+VALUES = ("votes", "verdict")
+
+
+@dataclass
+class PlannerSettings:
+    """The `planner:` settings: tree search over the meta-thinker's plans in eval and solve."""
+
+    name: str = "none"  # none (one episode per problem) | mcts (the search in meta_agent/planning.py)
+    simulations: int = 8  # episodes per problem (the search's budget) ...
+    max_tokens: int | None = None  # ... or generated tokens per problem, whichever ends first (null: none)
+    parallel: int = 4  # simulations of one problem played together in a batch
+    c_puct: float = 1.0  # weight of the prior against a child's mean value
+    widening: float = 0.5  # a node takes another child while it has fewer than ceil(visits ** widening)
+    value: str = "votes"  # votes (agreement with the other simulations' answers) | verdict (accepted)
+
+    def __post_init__(self) -> None:
+        if self.name not in PLANNERS:
+            raise ValueError(f"planner.name must be one of {PLANNERS}, got {self.name!r}")
+        if self.value not in VALUES:
+            raise ValueError(f"planner.value must be one of {VALUES}, got {self.value!r}")
+        for key in ("simulations", "parallel"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"planner.{key} must be >= 1, got {getattr(self, key)}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"planner.max_tokens must be >= 1 or null, got {self.max_tokens}")
+        if self.c_puct < 0:
+            raise ValueError(f"planner.c_puct must be >= 0, got {self.c_puct}")
+        if not 0.0 <= self.widening <= 1.0:
+            raise ValueError(f"planner.widening must be in [0, 1], got {self.widening}")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One generated segment as the episode took it, with the kind of turn it was part of."""
+
+    kind: str  # plan | execute | reflect
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    finish_reason: str
+    revised: bool = False  # a reflection that started another round
+
+
+@dataclass(eq=False)  # nodes are compared by identity
+class Node:
+    """A state of the search: the question (root), or the episode right after a plan or a revision."""
+
+    kind: str  # root | plan | revision
+    segments: tuple[Segment, ...] = ()  # from the episode's start to this state
+    text: str = ""  # the meta-thinker's turn that made it
+    logprob: float = 0.0  # that turn's mean token logprob: the prior's logit
+    children: list[Node] = field(default_factory=list)
+    visits: int = 0
+    value_sum: float = 0.0
+    pending: int = 0  # simulations under way through it (virtual loss)
+    answers: list[str | None] = field(default_factory=list)  # of the simulations through it
+
+    @property
+    def value(self) -> float:
+        """Mean backed-up value, pending simulations counting 0."""
+        n = self.visits + self.pending
+        return self.value_sum / n if n else 0.0
+
+    def as_dict(self) -> dict:
+        """The tree from here as plain data for the traces: text, visits, value, prior, answers."""
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "visits": self.visits,
+            "value": round(self.value, 4),
+            "logprob": round(self.logprob, 4),
+            "answers": dict(Counter(a for a in self.answers if a is not None).most_common()),
+            "children": [c.as_dict() for c in self.children],
+        }
+
+
+def priors(nodes: Sequence[Node]) -> list[float]:
+    """Softmax of the nodes' mean token logprobs: the policy's preference among siblings."""
+    if not nodes:
+        return []
+    top = max(n.logprob for n in nodes)
+    weights = [math.exp(n.logprob - top) for n in nodes]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def puct(parent: Node, c_puct: float) -> Node:
+    """The child of `parent` with the highest Q + c_puct * P * sqrt(N) / (1 + n) (the first on ties)."""
+    n_parent = parent.visits + parent.pending
+    scores = [
+        child.value + c_puct * p * math.sqrt(n_parent) / (1 + child.visits + child.pending)
+        for child, p in zip(parent.children, priors(parent.children), strict=True)
+    ]
+    return parent.children[scores.index(max(scores))]
+
+
+def may_widen(node: Node, widening: float) -> bool:
+    """Whether `node` takes another child now: fewer than ceil((visits + pending) ** widening), at least 1."""
+    return len(node.children) < max(1, math.ceil((node.visits + node.pending) ** widening))
+
+
+def select(root: Node, settings: PlannerSettings) -> list[Node]:
+    """The path from the root to the node the next simulation starts from, marked pending."""
+    path = [root]
+    while not may_widen(path[-1], settings.widening):
+        path.append(puct(path[-1], settings.c_puct))
+    for node in path:
+        node.pending += 1
+    return path
+
+
+def normal(answer: str | None) -> str | None:
+    """An answer as votes compare it: no spaces, no thousands commas, no final period."""
+    if answer is None:
+        return None
+    return "".join(answer.split()).replace(",", "").rstrip(".") or None
+
+
+def episode_value(ep: Episode, answers: Sequence[str | None], how: str) -> float:
+    """`ep`'s value: votes, the share of `answers` (the problem's answered simulations, its own among
+    them) equal to its answer; verdict, 1 when its last reflection accepted an answer."""
+    mine = normal(ep.final_answer)
+    if mine is None:
+        return 0.0
+    if how == "verdict":
+        return 1.0 if ep.rounds and ep.rounds[-1].verdict == "accept" else 0.0
+    counted = [a for a in (normal(x) for x in answers) if a is not None]
+    return counted.count(mine) / len(counted) if counted else 0.0
+
+
+@dataclass
+class Simulation:
+    problem: int
+    path: list[Node]  # root to its start node; after grow, to the last node it made or met
+    episode: Episode
+    index: int  # its requests' seed index
+    segments: list[Segment]
+    replayed: int  # how many of `segments` came from its start node
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments[self.replayed :])
+
+
+@dataclass
+class SearchResult:
+    task: Task
+    answer: str | None  # the majority answer of the simulations through the most visited plan
+    correct: bool  # that answer passes the task's verifier (the search never reads the answer key)
+    episode: Episode  # a simulation through that plan that reached that answer (the one to show)
+    simulations: int
+    generated_tokens: int  # by every simulation, replayed segments not counted
+    tree: Node
+
+
+def fork(factory: EpisodeFactory, task: Task, segments: Sequence[Segment], final_reflection: bool) -> Episode:
+    """A new episode of `task` brought to the state after `segments` (their tool calls run again)."""
+    ep = factory.new(task, final_reflection=final_reflection)
+    for s in segments:
+        ep.advance(s.token_ids, s.logprobs, s.text, s.finish_reason)
+    return ep
+
+
+def play_recorded(sims: Sequence[Simulation], backend: GenerationBackend, seed: int) -> None:
+    """Play the simulations' episodes to the end in shared batches, recording every segment."""
+    episodes = [s.episode for s in sims]
+    indices = [s.index for s in sims]
+    while True:
+        live = [i for i, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            return
+        steps = [len(s.segments) for s in sims]
+        requests = next_requests(episodes, live, steps, indices, seed=seed, temperature=None)
+        for i, result in zip(live, backend.generate(requests), strict=True):
+            ep = episodes[i]
+            kind, round_ = ep.turns[-1].kind, ep.round
+            ep.advance(result.token_ids, result.logprobs, result.text, result.finish_reason)
+            revised = kind == REFLECT and not ep.done and ep.round > round_
+            sims[i].segments.append(
+                Segment(kind, result.token_ids, result.logprobs, result.text, result.finish_reason, revised)
+            )
+
+
+def grow(sim: Simulation) -> list[Node]:
+    """Add the plans and revisions `sim` made beyond its start node to the tree; returns its whole path."""
+    path = list(sim.path)
+    for k in range(sim.replayed, len(sim.segments)):
+        s = sim.segments[k]
+        if s.kind != PLAN and not s.revised:
+            continue
+        prefix = tuple(sim.segments[: k + 1])
+        parent = path[-1]
+        child = next((c for c in parent.children if c.segments[-1].token_ids == s.token_ids), None)
+        if child is None:
+            mean = sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0
+            kind = "plan" if s.kind == PLAN else "revision"
+            child = Node(kind, prefix, s.text, mean)
+            parent.children.append(child)
+        path.append(child)
+    return path
+
+
+def choose(root: Node) -> tuple[Node, str | None]:
+    """The most visited plan (ties: the higher value) and the majority answer through it."""
+    if not root.children:
+        return root, None
+    best = max(root.children, key=lambda c: (c.visits, c.value))
+    votes = Counter(a for a in (normal(x) for x in best.answers) if a is not None)
+    if not votes:
+        return best, None
+    return best, votes.most_common(1)[0][0]
+
+
+def search(
+    factory: EpisodeFactory,
+    backend: GenerationBackend,
+    tasks: Sequence[Task],
+    settings: PlannerSettings,
+    *,
+    seed: int = 0,
+    on_wave: Callable[[int], None] | None = None,
+) -> list[SearchResult]:
+    """Search every problem of `tasks` (their simulations batched together); one result per problem.
+    The last round's reflection, which can change no answer, is played only for the `verdict` value."""
+    final_reflection = settings.value == "verdict"
+    roots = [Node("root") for _ in tasks]
+    played: list[list[Simulation]] = [[] for _ in tasks]
+    tokens = [0] * len(tasks)
+    while True:
+        wave: list[Simulation] = []
+        for p, task in enumerate(tasks):
+            budget_left = settings.max_tokens is None or tokens[p] < settings.max_tokens
+            room = settings.simulations - len(played[p])
+            for _ in range(min(settings.parallel, room) if budget_left else 0):
+                path = select(roots[p], settings)
+                start = path[-1].segments
+                ep = fork(factory, task, start, final_reflection)
+                index = p * settings.simulations + len(played[p]) + sum(s.problem == p for s in wave)
+                wave.append(Simulation(p, path, ep, index, list(start), len(start)))
+        if not wave:
+            break
+        play_recorded(wave, backend, seed)
+        for sim in wave:
+            for node in sim.path:
+                node.pending -= 1
+            played[sim.problem].append(sim)
+            tokens[sim.problem] += sim.generated_tokens
+        for sim in wave:
+            answers = [s.episode.final_answer for s in played[sim.problem]]
+            value = episode_value(sim.episode, answers, settings.value)
+            sim.path = grow(sim)
+            for node in sim.path:
+                node.visits += 1
+                node.value_sum += value
+                node.answers.append(sim.episode.final_answer)
+        if on_wave is not None:
+            on_wave(len(wave))
+    results = []
+    for p, task in enumerate(tasks):
+        best, answer = choose(roots[p])
+        through = [s for s in played[p] if any(n is best for n in s.path)]
+        shown = next((s for s in through if normal(s.episode.final_answer) == answer), through[0])
+        correct = answer is not None and shown.episode.correct
+        results.append(
+            SearchResult(task, answer, correct, shown.episode, len(played[p]), tokens[p], roots[p])
+        )
+    return results

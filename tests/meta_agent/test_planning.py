@@ -1,0 +1,210 @@
+"""Tree search over the meta-thinker's plans (meta_agent.planning): the selection rule by hand, and
+whole searches on real episodes with a scripted backend whose plans differ in how often they work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meta_agent.config import load_config
+from meta_agent.episode import Limits
+from meta_agent.errors import SettingError
+from meta_agent.planning import (
+    Node,
+    PlannerSettings,
+    choose,
+    episode_value,
+    may_widen,
+    priors,
+    puct,
+    search,
+    select,
+)
+from meta_agent.runner import EpisodeFactory
+from meta_agent.tasks import grade
+from tests.meta_agent.conftest import TASK, answer
+from training.types import GenerationResult
+
+GOOD = "<plan>1. Multiply the crates by the bolts. 2. Add the rest.</plan>"
+GUESS = "<plan>Guess.</plan>"
+ACCEPT = "<reflection>fine</reflection><lesson>check</lesson><verdict>accept</verdict>"
+REVISE = "<reflection>a guess</reflection><lesson>compute</lesson>" + GOOD
+
+
+def node(logprob: float, visits: int = 0, value_sum: float = 0.0) -> Node:
+    return Node("plan", text="p", logprob=logprob, visits=visits, value_sum=value_sum)
+
+
+def test_priors_are_the_softmax_of_mean_logprobs():
+    assert priors([node(math.log(3)), node(0.0)]) == pytest.approx([0.75, 0.25])
+    assert priors([]) == []
+
+
+def test_puct_by_hand():
+    # parent N = 4; children: Q 0.5 (n 3, P 0.25) and Q 0 (n 1, P 0.75), c = 1
+    # 0.5 + 0.25 * 2 / 4 = 0.625 against 0 + 0.75 * 2 / 2 = 0.75: the second
+    a, b = node(0.0, visits=3, value_sum=1.5), node(math.log(3), visits=1)
+    parent = Node("root", visits=4, children=[a, b])
+    assert puct(parent, 1.0) is b
+    assert puct(parent, 0.1) is a  # 0.5125 against 0.075: the value decides
+    # a pending simulation through b counts as a visit of value 0: 0.75 * 2 / 3 = 0.5 < 0.625
+    b.pending, parent.pending = 1, 0
+    assert puct(parent, 1.0) is a
+
+
+def test_progressive_widening_and_selection():
+    root = Node("root")
+    assert may_widen(root, 0.5)  # no child yet
+    root.children.append(node(0.0, visits=1, value_sum=1.0))
+    root.visits = 1
+    assert not may_widen(root, 0.5)  # ceil(1 ** 0.5) = 1 child
+    root.visits = 2
+    assert may_widen(root, 0.5)  # ceil(2 ** 0.5) = 2
+    root.visits = 1
+    path = select(root, PlannerSettings())  # root full: down to the plan, which has no child yet
+    assert path == [root, root.children[0]] and root.pending == 1 and root.children[0].pending == 1
+    assert may_widen(root, 0.5)  # the pending simulation counts: ceil(2 ** 0.5) = 2
+
+
+def test_values_without_the_answer_key(make_episode):
+    ep = make_episode(limits=Limits(max_rounds=1))
+    for action in (GOOD, answer("555,491"), ACCEPT):
+        ep.advance_text(action)
+    assert episode_value(ep, ["555491", "7", "555,491", None], "votes") == pytest.approx(2 / 3)
+    assert episode_value(ep, ["555491"], "verdict") == 1.0
+    root = Node("root", children=[node(0.0, visits=3), node(0.0, visits=1)])
+    root.children[0].answers = ["7", "555,491", "555491"]
+    assert choose(root) == (root.children[0], "555491")
+
+
+class Scripted:
+    """Plans GOOD or GUESS by the request's seed (GUESS less likely under the policy: lower logprobs);
+    the executor answers right under GOOD and 7 under GUESS; a reflection on 7 revises to GOOD in the
+    first round, and accepts otherwise."""
+
+    def __init__(self, chat, plans=(GUESS, GOOD, GOOD)):
+        self.chat = chat
+        self.plans = plans
+        self.requests = 0
+
+    def generate(self, requests):
+        out = []
+        for r in requests:
+            self.requests += 1
+            prompt = self.chat.decode_raw(r.prompt_ids)
+            if r.sampling.stop == ("</plan>",):
+                text = self.plans[r.seed % len(self.plans)]
+            elif "</answer>" in r.sampling.stop:
+                shown = prompt.rsplit("Plan from the meta-thinker:", 1)[-1]
+                text = answer("7") if "Guess." in shown.split("\n\n")[0] else answer("555491")
+            else:
+                work = prompt.rsplit("Its final answer:", 1)[-1]
+                text = REVISE if work.strip().startswith("7") and "a guess" not in prompt else ACCEPT
+            ids = tuple(self.chat.encode(text))
+            lp = -2.0 if text == GUESS else -0.1
+            out.append(GenerationResult(ids, (lp,) * len(ids), text, "stop"))
+        return out
+
+
+@pytest.fixture
+def factory(role_sets, chat, registry):
+    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=2))
+
+
+def tree_visits(node: Node) -> int:
+    return node.visits + sum(tree_visits(c) for c in node.children)
+
+
+def test_a_search_grows_plans_and_revisions_and_answers_by_the_best_plan(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=8, parallel=4)
+    [result] = search(factory, Scripted(chat), [TASK], settings, seed=0)
+    root = result.tree
+    assert root.visits == 8 and result.simulations == 8
+    assert sum(c.visits for c in root.children) == 8  # every simulation went through a plan
+    texts = {c.text for c in root.children}
+    assert texts <= {GOOD, GUESS} and len(root.children) == len(texts)  # one node per distinct plan
+    assert result.answer == "555491" and result.correct
+    assert result.episode.final_answer == "555491"
+    guess = next((c for c in root.children if c.text == GUESS), None)
+    if guess is not None:  # a guess is revised, its revision a child of the plan
+        assert [c.kind for c in guess.children] == ["revision"]
+        assert guess.children[0].text == REVISE
+    tree = root.as_dict()
+    assert tree["visits"] == 8 and tree["children"][0]["answers"]
+
+
+def test_simulations_from_a_plan_replay_it_and_count_only_new_tokens(factory, chat):
+    """With no widening the root keeps one plan: every later simulation replays it and only executes."""
+    backend = Scripted(chat, plans=(GOOD,))
+    settings = PlannerSettings(name="mcts", simulations=4, parallel=1, widening=0.0)
+    [result] = search(factory, backend, [TASK], settings, seed=1)
+    [plan] = result.tree.children
+    assert plan.visits == 4
+    plan_tokens = len(plan.segments[-1].token_ids)
+    # each simulation: the executor's answer, then the first round's reflection (accepting)
+    simulation_tokens = len(chat.encode(answer("555491"))) + len(chat.encode(ACCEPT))
+    assert result.generated_tokens == plan_tokens + 4 * simulation_tokens  # the plan generated once
+    assert backend.requests == 1 + 4 * 2  # one plan request; per simulation an execution and a reflection
+
+
+def test_the_same_seed_searches_the_same_tree(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=6, parallel=3)
+    a = search(factory, Scripted(chat), [TASK, TASK], settings, seed=5)
+    b = search(factory, Scripted(chat), [TASK, TASK], settings, seed=5)
+    assert [r.tree.as_dict() for r in a] == [r.tree.as_dict() for r in b]
+
+
+def test_a_token_budget_ends_the_search(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=50, parallel=1, max_tokens=40)
+    [result] = search(factory, Scripted(chat), [TASK], settings, seed=0)
+    assert result.simulations < 50 and result.generated_tokens >= 40
+
+
+def test_planner_settings_are_checked():
+    with pytest.raises(SettingError, match="planner.name must be one of"):
+        load_config(["planner.name=beam"])
+    with pytest.raises(SettingError, match="planner.simulations must be >= 1"):
+        load_config(["planner.simulations=0"])
+
+
+@pytest.mark.slow  # two CLI runs on the tiny model, about 20 s
+def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_path):
+    """meta-agent eval planner.name=mcts: one trace per problem with its tree, the tokens of every
+    simulation in eval.json; solve shows the search's episode."""
+    import json
+
+    from tests.meta_agent.test_cli import run_cli
+
+    common = [
+        f"model.path={tiny_model_dir}",
+        "roles.meta_thinker.sampling.max_new_tokens=8",
+        "roles.executor.sampling.max_new_tokens=8",
+        "planner.name=mcts",
+        "planner.simulations=3",
+        "planner.parallel=2",
+        "memory.path=null",
+    ]
+    run_dir = tmp_path / "eval"
+    proc = run_cli(
+        "eval", *common, "eval.limit=2", "eval.episodes_per_batch=4", f"run_dir={run_dir}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    traces = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for trace in traces:
+        assert trace["simulations"] == 3 and trace["search"]["visits"] == 3
+        assert sum(c["visits"] for c in trace["search"]["children"]) == 3
+    scores = json.loads((run_dir / "eval.json").read_text())["0"]["arith"]
+    assert scores["total"] == 2
+    assert scores["generated_tokens"] > sum(t["generated_tokens"] for tr in traces for t in tr["turns"])
+    solved = run_cli(
+        "solve", "What is 2 + 3?", *common, "adapters=null", f"run_dir={tmp_path / 's'}", cwd=tmp_path
+    )
+    assert solved.returncode == 0, solved.stderr + solved.stdout
+    assert "searched 3 episodes over" in solved.stdout
+
+
+def test_a_search_answers_once_per_problem():
+    with pytest.raises(SettingError, match="eval.samples=1"):
+        load_config(["planner.name=mcts", "eval.samples=4"])
