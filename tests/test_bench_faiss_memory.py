@@ -92,6 +92,7 @@ def test_setting_needed_is_the_smallest_value_meeting_recall():
     assert setting_needed(rows, "ef_search") is None
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_script_writes_the_result_file(tmp_path):
     out = tmp_path / "faiss.json"
     # IVF_MIN_TRAIN is read from memory.index in the child process, so a tiny ivf cannot train

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.bench_run import run_bench
 
 
@@ -11,6 +13,7 @@ def bench(*args: str):
     return run_bench("gpu", *args)
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_tiny_run_writes_rollout_speed_and_mfu(tmp_path):
     out = tmp_path / "gpu.json"
     run = bench(
@@ -27,6 +30,7 @@ def test_tiny_run_writes_rollout_speed_and_mfu(tmp_path):
     assert result["parameters"]["base_total"] > 1_000_000
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_tiny_run_with_a_sharded_backbone(tmp_path):
     """--fsdp: the same measurement through FSDP shards (here a one-rank group on the CPU)."""
     out = tmp_path / "gpu.json"
@@ -40,6 +44,7 @@ def test_tiny_run_with_a_sharded_backbone(tmp_path):
     assert result["train_mfu"] > 0 and result["parameters"]["base_total"] > 1_000_000
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_without_a_gpu_it_asks_for_one_or_tiny(tmp_path):
     run = bench("--out", str(tmp_path / "gpu.json"))
     assert run.returncode != 0

@@ -36,6 +36,7 @@ def read_traces(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_eval_on_a_local_model_folder(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
@@ -61,6 +62,7 @@ def test_eval_on_a_local_model_folder(tiny_model_dir, tmp_path):
     assert (run_dir / "config.yaml").read_text().startswith("# meta-agent eval")
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_single_agent_baseline_is_a_roles_override(tiny_model_dir, tmp_path):
     proc = run_cli(
         "eval",
@@ -77,6 +79,7 @@ def test_single_agent_baseline_is_a_roles_override(tiny_model_dir, tmp_path):
         assert {t["role"] for t in trace["turns"]} == {"executor"}
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_solve_prints_the_episode(tiny_model_dir, tmp_path):
     proc = run_cli(
         "solve",

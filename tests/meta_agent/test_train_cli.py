@@ -29,6 +29,7 @@ def scalar_tags(run_dir) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
+@pytest.mark.slow  # a subprocess run of the whole command: about 20 s on a busy 2-core machine
 def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
