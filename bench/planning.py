@@ -5,7 +5,7 @@
 
 For each budget N and seed, on the experiment's held-out problems (the seed draws them and seeds the
 sampling), with the trained roles of --adapters and memory off:
-- sampling: N episodes per problem at the roles' own temperatures; its accuracy is their mean (what one
+- sampling: N episodes per problem at the roles' own temperatures (or --temperature); their mean accuracy (what one
   sampled episode gets), its tokens all N episodes';
 - best_of_n: the majority answer of those same N episodes (the N plans' self-consistency): the same
   tokens;
@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budgets", default="2,4", help="episodes per problem of the sampling arms, e.g. 2,4,8")
     p.add_argument("--seeds", default="0", help="seeds, e.g. 0,1: each draws its problems and samples")
     p.add_argument("--limit", type=int, default=16, help="held-out problems per seed")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="every role's temperature in the sampled arms and the search (default: each role's own)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. planner.c_puct=2")
     return p.parse_args(argv)
@@ -89,7 +95,9 @@ class Recorder:
         self.extra += [extra] * len(episodes)
 
 
-def run_seed(cfg: Config, system, seed: int, budgets: list[int], limit: int) -> dict:
+def run_seed(
+    cfg: Config, system, seed: int, budgets: list[int], limit: int, temperature: float | None = None
+) -> dict:
     task = cfg.train.eval_task
     tasks = {task: load_tasks(task, "test", limit=limit, seed=seed)}
     out = {}
@@ -100,11 +108,14 @@ def run_seed(cfg: Config, system, seed: int, budgets: list[int], limit: int) -> 
     for n in budgets:
         sampled = Recorder()
         started = time.perf_counter()
-        evaluate(system, tasks, replace(cfg.eval, samples=n, temperature=0.0), seed=seed, traces=sampled)
+        sampling = replace(cfg.eval, samples=n, temperature=temperature or 0.0)  # 0: the roles' own
+        evaluate(system, tasks, sampling, seed=seed, traces=sampled)
         sampling_s = time.perf_counter() - started
         mean, majority, tokens = per_problem(sampled.episodes, n)
         budget = max(1, round(sum(tokens) / len(tokens)))
-        planner = replace(cfg.planner, name="mcts", simulations=max(n * 4, 8), max_tokens=budget)
+        planner = replace(
+            cfg.planner, name="mcts", simulations=max(n * 4, 8), max_tokens=budget, temperature=temperature
+        )
         searched = Recorder()
         started = time.perf_counter()
         scores = evaluate(
@@ -198,7 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     system = build_system(cfg)
     try:
-        per_seed = {seed: run_seed(cfg, system, seed, budgets, args.limit) for seed in seeds}
+        per_seed = {
+            seed: run_seed(cfg, system, seed, budgets, args.limit, args.temperature) for seed in seeds
+        }
     finally:
         system.close()
     summary = summarise(per_seed, budgets, args.limit)
@@ -213,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
             "overrides": args.overrides,
             "seeds": seeds,
             "problems_per_seed": args.limit,
-            "planner": vars(replace(cfg.planner, name="mcts")),
+            "planner": vars(replace(cfg.planner, name="mcts", temperature=args.temperature)),
+            "temperature": args.temperature or "each role's own",
             "dtype": str(system.backbone.model.dtype).removeprefix("torch."),
             "memory": "off",
         },

@@ -48,6 +48,8 @@ class PlannerSettings:
     c_puct: float = 1.0  # weight of the prior against a child's mean value
     widening: float = 0.5  # a node takes another child while it has fewer than ceil(visits ** widening)
     value: str = "votes"  # votes (agreement with the other simulations' answers) | verdict (accepted)
+    # every role's sampling temperature in the search; null: each role's own (roles.<role>.sampling)
+    temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.name not in PLANNERS:
@@ -61,6 +63,10 @@ class PlannerSettings:
             raise ValueError(f"planner.max_tokens must be >= 1 or null, got {self.max_tokens}")
         if self.c_puct < 0:
             raise ValueError(f"planner.c_puct must be >= 0, got {self.c_puct}")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(
+                f"planner.temperature must be > 0 or null, got {self.temperature}: a greedy search finds one episode"
+            )
         if not 0.0 <= self.widening <= 1.0:
             raise ValueError(f"planner.widening must be in [0, 1], got {self.widening}")
 
@@ -197,8 +203,11 @@ def fork(factory: EpisodeFactory, task: Task, segments: Sequence[Segment], final
     return ep
 
 
-def play_recorded(sims: Sequence[Simulation], backend: GenerationBackend, seed: int) -> None:
-    """Play the simulations' episodes to the end in shared batches, recording every segment."""
+def play_recorded(
+    sims: Sequence[Simulation], backend: GenerationBackend, seed: int, temperature: float | None = None
+) -> None:
+    """Play the simulations' episodes to the end in shared batches, recording every segment; `temperature`
+    overrides every role's."""
     episodes = [s.episode for s in sims]
     indices = [s.index for s in sims]
     while True:
@@ -206,7 +215,7 @@ def play_recorded(sims: Sequence[Simulation], backend: GenerationBackend, seed: 
         if not live:
             return
         steps = [len(s.segments) for s in sims]
-        requests = next_requests(episodes, live, steps, indices, seed=seed, temperature=None)
+        requests = next_requests(episodes, live, steps, indices, seed=seed, temperature=temperature)
         for i, result in zip(live, backend.generate(requests), strict=True):
             ep = episodes[i]
             kind, round_ = ep.turns[-1].kind, ep.round
@@ -247,6 +256,19 @@ def choose(root: Node) -> tuple[Node, str | None]:
     return best, votes.most_common(1)[0][0]
 
 
+def wave_size(settings: PlannerSettings, done: int, spent: int) -> int:
+    """How many simulations of a problem the next wave plays, after `done` of them spent `spent` tokens:
+    up to `parallel`, within `simulations`, and under a token budget only as many as its rest is expected
+    to pay for (at the mean so far, rounded to the nearest; one at a time until a first one is measured)."""
+    room = min(settings.parallel, settings.simulations - done)
+    if settings.max_tokens is None or room <= 0:
+        return max(room, 0)
+    if done == 0:
+        return 1
+    left = settings.max_tokens - spent
+    return max(0, min(room, math.floor(left / (spent / done) + 0.5)))
+
+
 def search(
     factory: EpisodeFactory,
     backend: GenerationBackend,
@@ -265,9 +287,8 @@ def search(
     while True:
         wave: list[Simulation] = []
         for p, task in enumerate(tasks):
-            budget_left = settings.max_tokens is None or tokens[p] < settings.max_tokens
-            room = settings.simulations - len(played[p])
-            for _ in range(min(settings.parallel, room) if budget_left else 0):
+            count = wave_size(settings, len(played[p]), tokens[p])
+            for _ in range(count):
                 path = select(roots[p], settings)
                 start = path[-1].segments
                 ep = fork(factory, task, start, final_reflection)
@@ -275,7 +296,7 @@ def search(
                 wave.append(Simulation(p, path, ep, index, list(start), len(start)))
         if not wave:
             break
-        play_recorded(wave, backend, seed)
+        play_recorded(wave, backend, seed, settings.temperature)
         for sim in wave:
             for node in sim.path:
                 node.pending -= 1

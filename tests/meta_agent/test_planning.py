@@ -208,3 +208,17 @@ def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_pa
 def test_a_search_answers_once_per_problem():
     with pytest.raises(SettingError, match="eval.samples=1"):
         load_config(["planner.name=mcts", "eval.samples=4"])
+
+
+def test_a_wave_spends_what_the_token_budget_has_left():
+    from meta_agent.planning import wave_size
+
+    free = PlannerSettings(simulations=10, parallel=4)
+    assert [wave_size(free, done, 0) for done in (0, 8, 10)] == [4, 2, 0]
+    tight = PlannerSettings(simulations=10, parallel=4, max_tokens=1000)
+    assert wave_size(tight, 0, 0) == 1  # nothing measured yet: one simulation
+    assert wave_size(tight, 1, 240) == 3  # 760 left at 240 a simulation: 3.17 -> 3
+    assert wave_size(tight, 4, 880) == 1  # 120 left at 220: 0.55 -> 1 (expected to end nearest the budget)
+    assert wave_size(tight, 5, 1000) == 0
+    with pytest.raises(ValueError, match="planner.temperature must be > 0"):
+        PlannerSettings(temperature=0.0)
