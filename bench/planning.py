@@ -5,8 +5,8 @@
 
 For each budget N and seed, on the experiment's held-out problems (the seed draws them and seeds the
 sampling), with the trained roles of --adapters and memory off:
-- sampling: N episodes per problem at the roles' own temperatures (or --temperature); their mean accuracy (what one
-  sampled episode gets), its tokens all N episodes';
+- sampling: N episodes per problem at the roles' own temperatures (or --temperature); its accuracy is
+  their mean (what one sampled episode gets), its tokens all N episodes';
 - best_of_n: the majority answer of those same N episodes (the N plans' self-consistency): the same
   tokens;
 - mcts: `planner.name=mcts` (meta_agent/planning.py), its token budget per problem the sampling arm's
