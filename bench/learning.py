@@ -140,6 +140,8 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
 # Settings added after fingerprints began, with the value that trains exactly as before they existed (a
 # section: the setting that makes it unused). At that value they are left out of the fingerprint, so a
 # new feature that a run does not use keeps its earlier seeds in the same means.
+# Sections training never reads (eval and solve do): left out of every fingerprint.
+UNREAD = ("planner",)
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
@@ -158,6 +160,8 @@ def without_neutral(settings: dict) -> dict:
         return node
 
     out = json.loads(json.dumps(settings, default=str))
+    for key in UNREAD:
+        out.pop(key, None)
     for key, neutral in NEUTRAL.items():
         if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)
             setting, unread = neutral

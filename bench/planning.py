@@ -103,13 +103,22 @@ def run_seed(
     out = {}
     greedy = Recorder()
     started = time.perf_counter()
-    evaluate(system, tasks, replace(cfg.eval, samples=1, temperature=0.0), seed=seed, traces=greedy)
+    # The last round's reflection can change no answer: every arm skips it, as the search does with votes.
+    last = cfg.planner.value == "verdict"
+    evaluate(
+        system,
+        tasks,
+        replace(cfg.eval, samples=1, temperature=0.0),
+        seed=seed,
+        traces=greedy,
+        final_reflection=last,
+    )
     greedy_s = time.perf_counter() - started
     for n in budgets:
         sampled = Recorder()
         started = time.perf_counter()
         sampling = replace(cfg.eval, samples=n, temperature=temperature or 0.0)  # 0: the roles' own
-        evaluate(system, tasks, sampling, seed=seed, traces=sampled)
+        evaluate(system, tasks, sampling, seed=seed, traces=sampled, final_reflection=last)
         sampling_s = time.perf_counter() - started
         mean, majority, tokens = per_problem(sampled.episodes, n)
         budget = max(1, round(sum(tokens) / len(tokens)))
@@ -145,7 +154,7 @@ def arm(per_problem_scores: list[float], episodes, seconds: float) -> dict:
     return result
 
 
-def summarise(per_seed: dict[int, dict], budgets: list[int], limit: int) -> dict:
+def summarise(per_seed: dict[int, dict], budgets: list[int]) -> dict:
     """Means over seeds per budget and arm; the top-level keys of the largest budget."""
     by_budget = {}
     for n in budgets:
@@ -154,7 +163,7 @@ def summarise(per_seed: dict[int, dict], budgets: list[int], limit: int) -> dict
             name: {
                 "accuracy": sum(r[name]["accuracy"] for r in rows) / len(rows),
                 "generated_tokens_per_problem": sum(r[name]["generated_tokens"] for r in rows)
-                / (len(rows) * limit),
+                / sum(len(r["per_problem"]["mcts"]) for r in rows),
             }
             for name in ARMS
         }
@@ -201,6 +210,12 @@ def figure(summary: dict, path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     budgets = sorted({int(x) for x in args.budgets.split(",")})
+    if budgets[0] < 2:
+        raise SystemExit(
+            f"--budgets {args.budgets}: give 2 or more episodes per problem (one is not sampled)"
+        )
+    if args.temperature is not None and not args.temperature > 0:
+        raise SystemExit(f"--temperature {args.temperature}: give a temperature above 0, or leave it out")
     seeds = [int(x) for x in args.seeds.split(",")]
     overrides = [f"experiment={args.experiment}", "memory.path=null", *args.overrides]
     if args.adapters is not None:
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
     finally:
         system.close()
-    summary = summarise(per_seed, budgets, args.limit)
+    summary = summarise(per_seed, budgets)
     kept = json.loads(args.out.read_text()) if args.out.exists() else {}
     result = {
         **{k: v for k, v in kept.items() if k in ("dpo_minus_grpo", "summary_minus_truncate")},
@@ -226,7 +241,11 @@ def main(argv: list[str] | None = None) -> dict:
             "overrides": args.overrides,
             "seeds": seeds,
             "problems_per_seed": args.limit,
-            "planner": vars(replace(cfg.planner, name="mcts", temperature=args.temperature)),
+            "planner": {
+                **vars(replace(cfg.planner, name="mcts", temperature=args.temperature)),
+                "simulations": "max(4 N, 8) at budget N",
+                "max_tokens": "the sampling arm's mean generated tokens per problem at budget N",
+            },
             "temperature": args.temperature or "each role's own",
             "dtype": str(system.backbone.model.dtype).removeprefix("torch."),
             "memory": "off",

@@ -159,14 +159,21 @@ def searched(
 ) -> dict[str, TaskScore]:
     """Each problem answered by meta_agent.planning.search, `settings.episodes_per_batch // planner.parallel`
     problems searched together. A score counts the chosen answers; its episodes are the simulations shown
-    for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`)."""
+    for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`).
+    A search writes no lessons (its simulations would read each other's) and plays the last round's
+    reflection only for planner.value=verdict."""
     per_search = max(1, settings.episodes_per_batch // planner.parallel)
     scores = {}
     for name, task_list in tasks.items():
         results = []
         for start in range(0, len(task_list), per_search):
             chunk = search(
-                system.factory, system.backend, task_list[start : start + per_search], planner, seed=seed
+                system.factory,
+                system.backend,
+                task_list[start : start + per_search],
+                planner,
+                seed=seed,
+                first_problem=start,
             )
             if traces is not None:
                 for r in chunk:

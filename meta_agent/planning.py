@@ -245,6 +245,18 @@ def grow(sim: Simulation) -> list[Node]:
     return path
 
 
+def revalue(root: Node) -> None:
+    """Votes values of every node from the answers now through the root: each simulation's value is the
+    share of the answered simulations that reached its answer (0 for none), as if all were backed up now."""
+    counted = [a for a in (normal(x) for x in root.answers) if a is not None]
+    share = {a: counted.count(a) / len(counted) for a in set(counted)} if counted else {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        node.value_sum = sum(share.get(normal(a), 0.0) for a in node.answers)
+        stack.extend(node.children)
+
+
 def choose(root: Node) -> tuple[Node, str | None]:
     """The most visited plan (ties: the higher value) and the majority answer through it."""
     if not root.children:
@@ -258,15 +270,18 @@ def choose(root: Node) -> tuple[Node, str | None]:
 
 def wave_size(settings: PlannerSettings, done: int, spent: int) -> int:
     """How many simulations of a problem the next wave plays, after `done` of them spent `spent` tokens:
-    up to `parallel`, within `simulations`, and under a token budget only as many as its rest is expected
-    to pay for (at the mean so far, rounded to the nearest; one at a time until a first one is measured)."""
+    up to `parallel`, within `simulations`; under a token budget only as many as its rest pays for at the
+    mean so far (rounded down), one at a time before the first is measured and once fewer than
+    `parallel` fit, and one more only while the rest is at least half a mean simulation."""
     room = min(settings.parallel, settings.simulations - done)
     if settings.max_tokens is None or room <= 0:
         return max(room, 0)
     if done == 0:
         return 1
-    left = settings.max_tokens - spent
-    return max(0, min(room, math.floor(left / (spent / done) + 0.5)))
+    fits = (settings.max_tokens - spent) / (spent / done) if spent else float(room)
+    if fits >= settings.parallel:
+        return room
+    return 1 if fits >= 0.5 else 0
 
 
 def search(
@@ -276,9 +291,12 @@ def search(
     settings: PlannerSettings,
     *,
     seed: int = 0,
+    first_problem: int = 0,
     on_wave: Callable[[int], None] | None = None,
 ) -> list[SearchResult]:
     """Search every problem of `tasks` (their simulations batched together); one result per problem.
+    Problem p samples with the seeds of problem `first_problem + p`: a search of a later chunk of problems
+    draws what one search of them all would.
     The last round's reflection, which can change no answer, is played only for the `verdict` value."""
     final_reflection = settings.value == "verdict"
     roots = [Node("root") for _ in tasks]
@@ -292,7 +310,8 @@ def search(
                 path = select(roots[p], settings)
                 start = path[-1].segments
                 ep = fork(factory, task, start, final_reflection)
-                index = p * settings.simulations + len(played[p]) + sum(s.problem == p for s in wave)
+                done = len(played[p]) + sum(s.problem == p for s in wave)
+                index = (first_problem + p) * settings.simulations + done
                 wave.append(Simulation(p, path, ep, index, list(start), len(start)))
         if not wave:
             break
@@ -310,6 +329,9 @@ def search(
                 node.visits += 1
                 node.value_sum += value
                 node.answers.append(sim.episode.final_answer)
+        if settings.value == "votes":  # an answer's share moves as answers come in: every node's with it
+            for p in {sim.problem for sim in wave}:
+                revalue(roots[p])
         if on_wave is not None:
             on_wave(len(wave))
     results = []

@@ -241,6 +241,11 @@ class Config:
                 "train.algorithm=dpo takes one optimizer step per rollout on one unsharded backbone: set "
                 "model.fsdp=false, train.updates_per_rollout=1 and train.minibatches=1"
             )
+        if self.planner.name == "mcts" and not any(r.kind == META_THINKER for r in self.roles.values()):
+            raise ValueError(
+                "planner.name=mcts searches over the meta-thinker's plans, and these roles have none: pick "
+                "roles with a meta-thinker (roles=hierarchy), or planner.name=none"
+            )
         if self.planner.name == "mcts" and self.eval.samples > 1:
             raise ValueError(
                 "planner.name=mcts answers each problem once, by search (planner.simulations episodes): set "

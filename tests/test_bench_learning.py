@@ -152,6 +152,9 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     same = settings_of("arith_hierarchy", [])
     assert settings_of("arith_hierarchy", ["train.algorithm=grpo", "grpo.zero_variance_of=reward"]) == same
     assert settings_of("arith_hierarchy", ["dpo.beta=0.5"]) == same  # dpo: unread by a GRPO run
+    assert (
+        settings_of("arith_hierarchy", ["planner.name=mcts", "planner.simulations=3"]) == same
+    )  # eval's only
     assert settings_of("arith_hierarchy", ["grpo.zero_variance_of=outcome"])[1] != same[1]
     assert settings_of("arith_hierarchy", ["train.algorithm=dpo"])[1] != same[1]
     assert settings_of("arith_hierarchy", ["value.lam=0.5", "grpo.advantage=rloo"]) == settings_of(

@@ -37,7 +37,7 @@ def test_a_small_run_writes_every_arm_and_a_figure(tiny_model_dir, tmp_path):
         "roles.meta_thinker.adapter.top_layers=null",
         "roles.executor.adapter.top_layers=null",
     ]
-    written = main(["--budgets", "1,2", "--limit", "2", "--out", str(out), *small])
+    written = main(["--budgets", "2,3", "--limit", "2", "--out", str(out), *small])
     for key in ("mcts_accuracy", "best_of_n_accuracy", "sampling_accuracy", "generated_tokens"):
         assert key in written
     assert written["dpo_minus_grpo"] == {"mean": 0.1} and "stale" not in written

@@ -107,6 +107,10 @@ class PolicyTrainer:
             )
         self._stepped_roles: set[str] = set()  # roles some rank trains in the current step
         self.values: ValueHeads | None = None
+        if value is not None and backbone.sharded:
+            # The value pass is one forward pass per micro-batch, a collective on a sharded backbone,
+            # and ranks hold different numbers of turns: not padded across ranks as the update is.
+            raise ValueError("value heads (grpo.advantage=gae) need an unsharded backbone (model.fsdp=false)")
         if value is not None:
             hidden = backbone.model.get_base_model().config.hidden_size
             self.values = ValueHeads(list(backbone.adapters), hidden, value).to(self.accelerator.device)
@@ -349,7 +353,8 @@ class PolicyTrainer:
         if unknown:
             raise ValueError(f"no adapter for roles {sorted(unknown)}")
         if not turns:
-            return torch.zeros((0, self.backbone.model.get_base_model().config.hidden_size))
+            hidden = self.backbone.model.get_base_model().config.hidden_size
+            return torch.zeros((0, hidden), device=self.accelerator.device)
         return torch.stack([out[id(t)] for t in turns])
 
     def state_values(self, turns: Sequence[Turn]) -> tuple[list[float], torch.Tensor]:
@@ -540,7 +545,8 @@ def _micro_batch_weight(aggregation: str, batch: TurnBatch, total_rows: int, tot
 
 class HeadEstimator:
     """A PolicyTrainer's value heads as a training.value.ValueEstimator: `estimate` runs the value pass
-    and keeps its features, so `learn` on the same turns fits without another forward pass."""
+    and keeps its features, so `learn` on the same turns fits without another forward pass. Call
+    `learn` before the adapters change (the loop does): the kept features are of the adapters then."""
 
     def __init__(self, trainer: PolicyTrainer):
         if trainer.values is None:

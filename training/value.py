@@ -223,11 +223,15 @@ class ValueHeads(torch.nn.Module):
             ranks.sum_gradients(list(head.parameters()))
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not before:  # this rank had no state of the role: it took part in the collectives, reports nothing
+            return {}
+        # loss_before and loss_after are over every rank already; the others are this rank's, which the
+        # run log averages over the ranks that report them
         return {
             f"value/{role}/loss_before": losses[0],
-            f"value/{role}/loss": losses[-1],
+            f"value/{role}/loss_after": losses[-1],
             f"value/{role}/explained_variance": explained_variance(before, [float(v) for v in y]),
-            f"value/{role}/mean": sum(before) / len(before) if before else 0.0,
+            f"value/{role}/mean": sum(before) / len(before),
         }
 
     def state(self) -> dict:

@@ -205,9 +205,36 @@ def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_pa
     assert "searched 3 episodes over" in solved.stdout
 
 
-def test_a_search_answers_once_per_problem():
+def test_a_search_answers_once_per_problem_and_needs_a_meta_thinker():
     with pytest.raises(SettingError, match="eval.samples=1"):
         load_config(["planner.name=mcts", "eval.samples=4"])
+    with pytest.raises(SettingError, match="these roles have none"):
+        load_config(["planner.name=mcts", "roles=single_agent"])
+
+
+def test_votes_are_revalued_as_answers_come_in(factory, chat):
+    """A node's value is the mean share of its simulations' answers among all the problem's answers now,
+    not when each was backed up (the first simulation's answer was then the only one: share 1)."""
+    settings = PlannerSettings(name="mcts", simulations=6, parallel=3)
+    [result] = search(factory, Scripted(chat), [TASK], settings, seed=0)
+    root = result.tree
+    counted = [a for a in root.answers if a is not None]
+    share = {a: counted.count(a) / len(counted) for a in counted}
+
+    def check(node):
+        expected = sum(share.get(a, 0.0) for a in node.answers)
+        assert node.value_sum == pytest.approx(expected)
+        for c in node.children:
+            check(c)
+
+    check(root)
+
+
+def test_a_later_chunk_samples_as_one_search_of_all_problems(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=3, parallel=3)
+    whole = search(factory, Scripted(chat), [TASK, TASK], settings, seed=2)
+    second = search(factory, Scripted(chat), [TASK], settings, seed=2, first_problem=1)
+    assert second[0].tree.as_dict() == whole[1].tree.as_dict()
 
 
 def test_a_wave_spends_what_the_token_budget_has_left():
@@ -217,8 +244,9 @@ def test_a_wave_spends_what_the_token_budget_has_left():
     assert [wave_size(free, done, 0) for done in (0, 8, 10)] == [4, 2, 0]
     tight = PlannerSettings(simulations=10, parallel=4, max_tokens=1000)
     assert wave_size(tight, 0, 0) == 1  # nothing measured yet: one simulation
-    assert wave_size(tight, 1, 240) == 3  # 760 left at 240 a simulation: 3.17 -> 3
-    assert wave_size(tight, 4, 880) == 1  # 120 left at 220: 0.55 -> 1 (expected to end nearest the budget)
-    assert wave_size(tight, 5, 1000) == 0
+    assert wave_size(tight, 1, 100) == 4  # 900 left at 100 a simulation: a whole wave fits
+    assert wave_size(tight, 1, 240) == 1  # 760 left at 240: 3.2, fewer than a wave: one at a time
+    assert wave_size(tight, 4, 880) == 1  # 120 left at 220: 0.55 of one, the nearest end is past it
+    assert wave_size(tight, 4, 920) == 0  # 80 left at 230: 0.35 of one, the nearest end is before it
     with pytest.raises(ValueError, match="planner.temperature must be > 0"):
         PlannerSettings(temperature=0.0)

@@ -214,10 +214,10 @@ def test_gae_trains_value_heads_beside_the_adapters_and_checkpoints_them(tiny_mo
     overrides += ["grpo.advantage=gae", "value.lam=0.9", f"run_dir={run_dir}", "memory.path=null"]
     train_module.train(load_config(overrides), run_dir)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "value/executor/loss" in r]
+    steps = [r for r in rows if "value/executor/loss_after" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for role in ("meta_thinker", "executor"):
-        assert all(r[f"value/{role}/loss"] <= r[f"value/{role}/loss_before"] for r in steps)
+        assert all(r[f"value/{role}/loss_after"] <= r[f"value/{role}/loss_before"] for r in steps)
         assert steps[0][f"value/{role}/mean"] == 0.0  # the heads start at zero
         assert steps[1][f"value/{role}/mean"] != 0.0  # and the second step reads the fitted ones
     saved = torch.load(run_dir / "checkpoints" / "step-000002" / "trainer.pt", weights_only=True)

@@ -88,7 +88,7 @@ def test_a_head_learns_a_linear_value():
     x = torch.randn(32, 8)
     y = (x @ torch.linspace(-1, 1, 8) * 0.3 + 0.5).tolist()
     first = heads.fit("executor", x, y)
-    assert first["value/executor/loss"] < 0.2 * first["value/executor/loss_before"]
+    assert first["value/executor/loss_after"] < 0.2 * first["value/executor/loss_before"]
     assert first["value/executor/explained_variance"] == 0.0  # a zero head: every state valued at 0
     second = heads.fit("executor", x, y)
     assert second["value/executor/explained_variance"] > 0.8
@@ -125,8 +125,8 @@ def test_the_value_pass_reads_each_prompts_last_state_under_its_roles_adapter(to
     assert values == [0.0, 0.0, 0.0]  # zero heads at the start
     adapters = [p.detach().clone() for r in ROLES for p in trainer.backbone.trainable_parameters(r)]
     metrics = trainer.value_step(turns, features, [1.0, 0.0, 0.0])
-    assert set(metrics) >= {"value/executor/loss", "value/meta_thinker/loss"}
-    assert metrics["value/executor/loss"] < metrics["value/executor/loss_before"]
+    assert set(metrics) >= {"value/executor/loss_after", "value/meta_thinker/loss_after"}
+    assert metrics["value/executor/loss_after"] < metrics["value/executor/loss_before"]
     after = [p.detach() for r in ROLES for p in trainer.backbone.trainable_parameters(r)]
     assert all(torch.equal(a, b) for a, b in zip(adapters, after, strict=True))  # heads only
     moved, _ = trainer.state_values(turns)
