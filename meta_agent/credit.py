@@ -12,8 +12,9 @@ the meta-thinker's reflections under `reflection_credit="round"`: each is credit
 is training.grpo.advantages (grpo, rloo or reinforce_pp baselines). With grpo.advantage=gae each turn
 gets its own advantage against the value heads instead (assign_gae, training.value):
 
-    values, features = trainer.state_values(training_turns(episodes))
-    returns = assign_gae(episodes, values, gamma=cfg.value.gamma, lam=cfg.value.lam, scale=...)
+    estimator = trainer.value_estimator()   # training.value.ValueEstimator
+    returns = assign_gae(episodes, estimator.estimate(turns), gamma=cfg.value.gamma, lam=cfg.value.lam, scale=...)
+    estimator.learn(turns, returns)         # turns = training_turns(episodes)
 """
 
 from __future__ import annotations

@@ -32,6 +32,27 @@ class TurnBatch:
         return self.targets.shape[1]
 
 
+def prompt_batch(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> dict:
+    """The forward-pass inputs of token sequences (prompts, or prompts with their completions, as collate
+    builds), left-padded so each one's last token is at the last position: input_ids, attention_mask and
+    position_ids, [B, T] each."""
+    if not prompts or not all(prompts):
+        raise ValueError("prompt_batch() needs at least one sequence, none of them empty")
+    length = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), length), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, length - len(p) :] = torch.tensor(list(p))
+        attention[i, length - len(p) :] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    to = torch.device(device)
+    return {
+        "input_ids": input_ids.to(to),
+        "attention_mask": attention.to(to),
+        "position_ids": position_ids.to(to),
+    }
+
+
 def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cpu") -> TurnBatch:
     """Left-pad prompts+completions to one length, completions to another."""
     if not turns:
@@ -39,23 +60,17 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
     for t in turns:
         if not (len(t.completion_ids) == len(t.loss_mask) == len(t.logprobs)) or not t.completion_ids:
             raise ValueError(f"turn of role {t.role!r} has inconsistent or empty completion/mask/logprobs")
-    seq_len = max(len(t.prompt_ids) + len(t.completion_ids) for t in turns)
+    inputs = prompt_batch([tuple(t.prompt_ids) + tuple(t.completion_ids) for t in turns], pad_id)
     k = max(len(t.completion_ids) for t in turns)
     b = len(turns)
-    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, seq_len), dtype=torch.long)
     targets = torch.full((b, k), pad_id, dtype=torch.long)
     mask = torch.zeros((b, k), dtype=torch.float32)
     old = torch.zeros((b, k), dtype=torch.float32)
     for i, t in enumerate(turns):
-        seq = list(t.prompt_ids) + list(t.completion_ids)
-        n, c = len(seq), len(t.completion_ids)
-        input_ids[i, seq_len - n :] = torch.tensor(seq)
-        attention[i, seq_len - n :] = 1
+        c = len(t.completion_ids)
         targets[i, k - c :] = torch.tensor(t.completion_ids)
         mask[i, k - c :] = torch.tensor(t.loss_mask, dtype=torch.float32)
         old[i, k - c :] = torch.tensor(t.logprobs, dtype=torch.float32)
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     episodes = torch.tensor([t.episode for t in turns], dtype=torch.long)
     policy = None
     if all(t.policy_logprobs is not None for t in turns):
@@ -64,9 +79,9 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
             policy[i, k - len(t.completion_ids) :] = torch.tensor(t.policy_logprobs, dtype=torch.float32)
     to = torch.device(device)
     return TurnBatch(
-        input_ids.to(to),
-        attention.to(to),
-        position_ids.to(to),
+        inputs["input_ids"].to(to),
+        inputs["attention_mask"].to(to),
+        inputs["position_ids"].to(to),
         targets.to(to),
         mask.to(to),
         old.to(to),
@@ -90,26 +105,6 @@ def completion_logits(model: torch.nn.Module, batch: TurnBatch) -> torch.Tensor:
         use_cache=False,
     )
     return out.logits[:, :-1, :]  # [B, K, V]
-
-
-def prompt_batch(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu") -> dict:
-    """The forward-pass inputs of prompts alone, left-padded so each prompt's last token is at the last
-    position: input_ids, attention_mask and position_ids, [B, T] each."""
-    if not prompts or not all(prompts):
-        raise ValueError("prompt_batch() needs at least one prompt, none of them empty")
-    length = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), length), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        input_ids[i, length - len(p) :] = torch.tensor(list(p))
-        attention[i, length - len(p) :] = 1
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    to = torch.device(device)
-    return {
-        "input_ids": input_ids.to(to),
-        "attention_mask": attention.to(to),
-        "position_ids": position_ids.to(to),
-    }
 
 
 def micro_batches(turns: Sequence[Turn], size: int, *, whole_episodes: bool = False) -> list[list[Turn]]:

@@ -335,26 +335,17 @@ class PolicyTrainer:
         training = self.model.training
         self.model.eval()
         try:
-            for role in self.backbone.adapters:
-                own = [t for t in turns if t.role == role]
-                if not own:
-                    continue
-                self.backbone.activate(role)
-                for chunk in micro_batches(own, self.update.micro_batch_size):
-                    inputs = prompt_batch(
-                        [t.prompt_ids for t in chunk], self.backbone.pad_id, self.accelerator.device
-                    )
-                    with torch.no_grad():
-                        hidden = decoder(**inputs, use_cache=False).last_hidden_state[:, -1]
-                    out.update({id(t): h.float() for t, h in zip(chunk, hidden, strict=True)})
+            for chunk in self._role_micro_batches(turns):
+                inputs = prompt_batch(
+                    [t.prompt_ids for t in chunk], self.backbone.pad_id, self.accelerator.device
+                )
+                with torch.no_grad():
+                    hidden = decoder(**inputs, use_cache=False).last_hidden_state[:, -1]
+                out.update({id(t): h.float() for t, h in zip(chunk, hidden, strict=True)})
         finally:
             self.model.train(training)
-        unknown = {t.role for t in turns} - set(self.backbone.adapters)
-        if unknown:
-            raise ValueError(f"no adapter for roles {sorted(unknown)}")
         if not turns:
-            hidden = self.backbone.model.get_base_model().config.hidden_size
-            return torch.zeros((0, hidden), device=self.accelerator.device)
+            return torch.zeros((0, base.config.hidden_size), device=self.accelerator.device)
         return torch.stack([out[id(t)] for t in turns])
 
     def state_values(self, turns: Sequence[Turn]) -> tuple[list[float], torch.Tensor]:
@@ -399,21 +390,25 @@ class PolicyTrainer:
         """Each turn's summed logprob of its generated (mask 1) tokens under its role's adapter as it is
         now, at temperature 1; no gradient."""
         out: dict[int, float] = {}  # by id() of the turn
-        for role in self.backbone.adapters:
-            own = [t for t in turns if t.role == role]
-            if not own:
-                continue
-            self.backbone.activate(role)
-            for chunk in micro_batches(own, self.update.micro_batch_size):
-                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
-                with torch.no_grad():
-                    logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
-                sums = (logprobs * batch.loss_mask).sum(-1)  # [B]
-                out.update({id(t): float(x) for t, x in zip(chunk, sums, strict=True)})
+        for chunk in self._role_micro_batches(turns):
+            batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
+            with torch.no_grad():
+                logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
+            sums = (logprobs * batch.loss_mask).sum(-1)  # [B]
+            out.update({id(t): float(x) for t, x in zip(chunk, sums, strict=True)})
+        return [out[id(t)] for t in turns]
+
+    def _role_micro_batches(self, turns: Sequence[Turn]) -> Iterator[list[Turn]]:
+        """`turns` in micro-batches of one role, role by role, each role's adapter active while its
+        batches are used; a turn of a role without an adapter is an error."""
         unknown = {t.role for t in turns} - set(self.backbone.adapters)
         if unknown:
             raise ValueError(f"no adapter for roles {sorted(unknown)}")
-        return [out[id(t)] for t in turns]
+        for role in self.backbone.adapters:
+            own = [t for t in turns if t.role == role]
+            if own:
+                self.backbone.activate(role)
+                yield from micro_batches(own, self.update.micro_batch_size)
 
     def snapshot(self, role: str) -> list[torch.Tensor]:
         """A copy of `role`'s adapter weights (the reference of a preference stage)."""
