@@ -145,6 +145,7 @@ UNREAD = ("planner",)
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
+    "memory.internal": "truncate",  # the reflect prompts as they were
     "dpo": ("train.algorithm", "grpo"),  # the dpo: section is read only by train.algorithm=dpo
     "value": ("grpo.advantage", ("grpo", "rloo", "reinforce_pp")),  # read only by grpo.advantage=gae
 }

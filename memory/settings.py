@@ -12,6 +12,9 @@ from memory.index import DEFAULT_INDEX, HNSW_EF_SEARCH, IVF_NPROBE, index_kind
 from memory.store import FaissMemory
 from memory.types import Embedder
 
+# What the meta-thinker carries from one reflection to the next (meta_agent.internal_memory)
+INTERNAL_KINDS = ("truncate", "summary")
+
 
 @dataclass
 class MemorySettings:
@@ -29,9 +32,17 @@ class MemorySettings:
     hnsw_ef_search: int = HNSW_EF_SEARCH
     # ivf only: cells a query scans; higher = better recall, slower (bench/faiss_memory.py)
     ivf_nprobe: int = IVF_NPROBE
+    # Internal memory, within one episode and independent of the lessons above (enabled=false keeps it):
+    # truncate = each reflection reads this round's work cut to its last 1,500 characters and the plan in
+    # force, nothing of earlier rounds; summary = each reflection also rewrites a running state in
+    # <notes>...</notes> (what was tried, what failed, what to check) that the next reflection reads. The
+    # notes are trained with the reflection: SFT demonstrations write them, GRPO credits them.
+    internal: str = "truncate"
 
     def __post_init__(self) -> None:
         index_kind(self.index)  # an unknown index fails at start-up, with the kinds it knows
+        if self.internal not in INTERNAL_KINDS:
+            raise ValueError(f"memory.internal={self.internal!r}: must be one of {', '.join(INTERNAL_KINDS)}")
         if self.top_k < 0:
             raise ValueError(f"memory.top_k={self.top_k} must be >= 0")
 

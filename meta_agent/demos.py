@@ -35,6 +35,7 @@ from meta_agent.demo_script import (
 )
 from meta_agent.episode import EXECUTE, PLAN, REFLECT, Episode, Limits
 from meta_agent.errors import BadData, MissingFile, SettingError
+from meta_agent.internal_memory import InternalMemory
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
 from roles import RoleSpec, executors, meta_thinker
@@ -109,14 +110,14 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
             if not turn.format_ok:
                 raise DemoError(f"{task.id}: the plan was not read as a tagged plan: {plan!r}")
         elif turn.kind == REFLECT and revising(episode):
-            _act(episode, script.revision.reflection)
+            _act(episode, episode.scripted_reflection(script.revision.reflection))
             if episode.done or episode.round != 1:
                 raise DemoError(
                     f"{task.id}: the revising reflection did not start a second round (a revision "
                     f"needs protocol.max_rounds >= 2, got {episode.limits.max_rounds})"
                 )
         elif turn.kind == REFLECT:
-            _act(episode, script.reflection)
+            _act(episode, episode.scripted_reflection(script.reflection))
             if not episode.done:
                 raise DemoError(f"{task.id}: the reflection did not end the episode (revised instead?)")
         elif executor_names.index(turn.role) == 0:
@@ -201,12 +202,14 @@ def make_demos(
     *,
     limits: Limits | None = None,
     data_dir: Path | str | None = None,
+    internal: InternalMemory | None = None,
 ) -> list[Episode]:
     """`n` finished demonstration episodes from the train split of `name` ("arith", "arith_distract" or "gsm8k").
 
     arith: problems of 2-4 operations in turn, each in a style drawn from `seed`. gsm8k: rows in
     file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit `limits`
-    are skipped, so fewer than `n` come back only when the file runs out.
+    are skipped, so fewer than `n` come back only when the file runs out. `internal`: what the
+    meta-thinker carries between reflections (meta_agent.internal_memory); its reflections are written so.
     """
     if name not in SOURCES:
         raise SettingError(
@@ -217,7 +220,7 @@ def make_demos(
         raise ValueError(f"need n >= 0 demonstrations, got {n}")
     limits = limits or Limits()
     grammar = roles[0].grammar
-    factory = EpisodeFactory(roles, chat, registry, grade, limits)
+    factory = EpisodeFactory(roles, chat, registry, grade, limits, internal=internal)
     if name == "arith":
         per = math.ceil(n / len(ARITH_STEPS))
         batches = [make_arith_tasks("train", per, seed=seed, steps=s) for s in ARITH_STEPS]

@@ -24,10 +24,12 @@ from meta_agent.episode_records import (
     ToolCall,
     TurnRecord,
 )
+from meta_agent.internal_memory import InternalMemory, Truncate
 from meta_agent.prompts import (
     environment_markers,
     memory_block,
     neutralise,
+    notes_block,
     previous_block,
     valid_text,
     without_plans,
@@ -83,12 +85,14 @@ class Episode:
         *,
         show_plan: bool = True,
         adapters: Mapping[str, str] | None = None,
+        internal: InternalMemory | None = None,
     ):
         """`final_reflection=False` ends the episode after the executors of the last round: that
         reflection can neither revise nor change the answer, only write a lesson (scoring that keeps
         no lessons skips it). The counterfactual probes (meta_agent.probe) change two more things:
         `show_plan=False` keeps the plan out of the executors' prompts, and `adapters` maps a role to
-        the adapter its requests run on (default: the role's own)."""
+        the adapter its requests run on (default: the role's own). `internal` is what the meta-thinker
+        carries from one reflection to the next (meta_agent.internal_memory; default: nothing)."""
         check_roles(roles)
         self.task = task
         self.roles = {r.name: r for r in roles}
@@ -102,6 +106,7 @@ class Episode:
         self.final_reflection = final_reflection
         self.show_plan = show_plan
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
+        self.internal = internal or Truncate()
         specials = getattr(chat.tokenizer, "all_special_tokens", ())
         self._markers = environment_markers([r.grammar for r in roles], self.roles, specials)
         self.turns: list[TurnRecord] = []
@@ -322,11 +327,26 @@ class Episode:
             )
             work = work_block(self._round_turns(self.round)) or "(no work)"
             answer = self._round_answer() or "(no answer)"
-            messages.append({"role": "user", "content": role.reflect_text(work=work, answer=answer)})
+            state, _ = neutralise(self.internal.carried(self._reflections(), role.grammar), self._markers)
+            carried = notes_block(state)
+            instruction = self.internal.instruction(role.grammar)
+            asked = role.reflect_text(work=work, answer=answer) + (
+                f"\n\n{instruction}" if instruction else ""
+            )
+            messages.append({"role": "user", "content": carried + asked})
         self.turns.append(
             TurnRecord(role=role.name, kind=kind, round=self.round, prompt_ids=self.chat.prompt(messages))
         )
         self._segment_start = 0
+
+    def _reflections(self) -> list[str]:
+        return [t.text for t in self.turns if t.kind == REFLECT]
+
+    def scripted_reflection(self, text: str) -> str:
+        """A demonstration's reflection for the turn that is next, written as the internal memory asks."""
+        assert self.meta is not None and self.current is not None and self.current.kind == REFLECT
+        answers = [r.answer for r in self.rounds]  # this round's graded already: its executors are done
+        return self.internal.demonstrate(text, self._reflections(), answers, self.meta.grammar)
 
     def _round_turns(self, round_: int) -> list[TurnRecord]:
         return [t for t in self.turns if t.kind == EXECUTE and t.round == round_]

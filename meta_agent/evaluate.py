@@ -43,6 +43,9 @@ class TaskScore:
     # 95% interval of the accuracy over problems (stats.mean_interval); None where none can be given
     interval: tuple[float, float] | None = None
     reflection: dict[str, float | None] = field(default_factory=dict)  # meta_agent.reflection
+    # the tokens of every turn's prompt as the environment built it (what memory.internal changes); a
+    # search counts the episodes it shows
+    prompt_tokens: int = 0
 
     @property
     def accuracy(self) -> float:
@@ -89,6 +92,7 @@ def score(name: str, episodes: Sequence[Episode], samples: int = 1) -> TaskScore
         maj_accuracy=sum(majority_right) / len(problems) if problems and samples > 1 else None,
         interval=None if spread is None else spread[1:],
         reflection=reflection_metrics([reflected(ep) for ep in episodes]),
+        prompt_tokens=sum(len(t.prompt_ids) for ep in episodes for t in ep.turns),
     )
 
 

@@ -23,6 +23,7 @@ LESSONS_HEADER = "Lessons from similar problems:"
 WORK_HEADER = "Work so far:"
 PREVIOUS_HEADER = "Previous attempt:"
 REFLECTION_HEADER = "The meta-thinker's reflection:"
+NOTES_HEADER = "Your notes from earlier rounds:"  # memory.internal=summary (meta_agent.internal_memory)
 _QUOTED = str.maketrans("<>[]", "\u2039\u203a\u2039\u203a")  # < > [ ] -> single guillemets
 
 
@@ -47,7 +48,14 @@ def environment_markers(
 ) -> Markers:
     tags = {tag for g in grammars for tag in g.tool_result}
     anywhere = sorted(tags | {t for t in special_tokens if t}, key=len, reverse=True)
-    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, *(f"[{r}]" for r in roles)]
+    headers = [
+        LESSONS_HEADER,
+        WORK_HEADER,
+        PREVIOUS_HEADER,
+        REFLECTION_HEADER,
+        NOTES_HEADER,
+        *(f"[{r}]" for r in roles),
+    ]
     return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
 
 
@@ -84,6 +92,11 @@ def memory_block(memories: Sequence[MemoryHit]) -> str:
         return ""
     lines = "\n".join(f"- {hit.entry.text}" for hit in memories)
     return f"{LESSONS_HEADER}\n{lines}\n\n"
+
+
+def notes_block(state: str) -> str:
+    """What the internal memory carries to a reflection (meta_agent.internal_memory), quoted already."""
+    return f"{NOTES_HEADER}\n{state}\n\n" if state else ""
 
 
 def work_block(turns: Sequence[TurnRecord]) -> str:

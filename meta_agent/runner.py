@@ -15,6 +15,7 @@ from memory.settings import MemorySettings
 from memory.types import Memory
 from meta_agent.chat import ChatFormat
 from meta_agent.episode import Episode, Limits
+from meta_agent.internal_memory import InternalMemory, internal_memory
 from meta_agent.tasks import Task
 from roles import RoleSpec
 from tools.registry import ToolRegistry
@@ -22,7 +23,9 @@ from training.types import GenerationBackend, GenerationRequest
 
 
 class EpisodeFactory:
-    """Builds episodes for tasks: the roles, tools, limits and memory they all share."""
+    """Builds episodes for tasks: the roles, tools, limits and memory they all share. `internal` (default:
+    the one `memory_settings.internal` names) is what each episode's meta-thinker carries between
+    reflections (meta_agent.internal_memory): a researcher's own plugs in here."""
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class EpisodeFactory:
         limits: Limits | None = None,
         memory: Memory | None = None,
         memory_settings: MemorySettings | None = None,
+        internal: InternalMemory | None = None,
     ):
         self.roles = list(roles)
         self.chat = chat
@@ -41,6 +45,7 @@ class EpisodeFactory:
         self.limits = limits or Limits()
         self.memory = memory
         self.memory_settings = memory_settings or MemorySettings()
+        self.internal = internal or internal_memory(self.memory_settings.internal)
 
     def new(
         self,
@@ -69,6 +74,7 @@ class EpisodeFactory:
             final_reflection=final_reflection,
             show_plan=show_plan,
             adapters=adapters,
+            internal=self.internal,
         )
 
     def lessons(self, episodes: Sequence[Episode]) -> list[tuple[str, str, float]]:

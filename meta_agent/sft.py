@@ -55,6 +55,7 @@ def generate_demos(cfg: Config, system: System) -> list[Episode]:
         system.registry,
         seed=cfg.seed,
         limits=cfg.protocol,
+        internal=system.factory.internal,
     )
 
 

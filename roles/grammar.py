@@ -24,6 +24,8 @@ class Grammar:
     verdict: tuple[str, str] = ("<verdict>", "</verdict>")
     # A revision of one step of the plan: <fix step="2">Subtract 1,660.</fix> (apply_fix)
     fix: tuple[str, str] = ("<fix", "</fix>")
+    # memory.internal=summary: the running state a reflection rewrites for the next (meta_agent.internal)
+    notes: tuple[str, str] = ("<notes>", "</notes>")
 
     def executor_stops(self) -> tuple[str, ...]:
         """Generation pauses after a tool call (the env runs it) and ends after an answer."""
@@ -138,6 +140,17 @@ def parse_reflection(text: str, grammar: Grammar) -> MetaOutput:
     return MetaOutput(
         plan=plan or None, reflection=reflection, lesson=lesson or None, verdict=verdict, fix=fix
     )
+
+
+def parse_notes(text: str, grammar: Grammar) -> str | None:
+    """The last closed notes block of a reflection, stripped; None without one, or when it is empty or cut
+    off (a reflection that ran out of tokens mid-note carries nothing forward)."""
+    open_tag, close_tag = grammar.notes
+    end = text.rfind(close_tag)
+    start = text.rfind(open_tag, 0, end) if end >= 0 else -1
+    if start < 0:
+        return None
+    return text[start + len(open_tag) : end].strip() or None
 
 
 def parse_fix(text: str, grammar: Grammar) -> tuple[int, str] | None:

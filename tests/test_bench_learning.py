@@ -144,7 +144,7 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
 
 
 def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
-    """train.algorithm, grpo.zero_variance_of and the dpo: and value: sections came after the default
+    """train.algorithm, grpo.zero_variance_of, memory.internal and the dpo: and value: sections came after the default
     experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
     them."""
     from bench.learning import NEUTRAL, settings_of, without_neutral
@@ -173,7 +173,9 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {}, "value": {"lam": 0.95}}
     settings["grpo"]["advantage"] = "grpo"
     assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {"advantage": "grpo"}}
-    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo", "value"}
+    assert settings_of("arith_hierarchy", ["memory.internal=truncate"]) == same  # the prompts as they were
+    assert settings_of("arith_hierarchy", ["memory.internal=summary"])[1] != same[1]
+    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo", "value", "memory.internal"}
 
 
 def test_the_fingerprint_follows_the_training_code(monkeypatch):
