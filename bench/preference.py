@@ -1,0 +1,132 @@
+"""DPO against GRPO from the same SFT adapters, paired by seed, each at the generated tokens its rollouts spent.
+
+    python -m bench.learning --seeds 0,1,2,3 --no-single --probe-limit 0        # GRPO: learning.json
+    python -m bench.learning --seeds 0,1,2,3 --no-single --probe-limit 0 \\
+        --out bench/results/learning_dpo.json train.algorithm=dpo                 # DPO: learning_dpo.json
+    python -m bench.preference                                                     # pairs them
+
+The two learning runs train the same experiment with the same seeds: the same SFT stage (a seed fixes the
+demonstrations, the task order and the held-out problems), then the same number of rollouts of the same
+size, learnt from by GRPO in one and by the preference loss on pairs mined from the rollout's groups
+(`train.algorithm=dpo`, the `dpo:` settings) in the other. This reads both files' per-seed records and
+pairs a seed when its two runs had the same overrides but train.algorithm and reached the same SFT
+accuracy (anything else is named and left out). Writes the `dpo_minus_grpo` key of
+bench/results/planning.json (its other keys are kept): per seed SFT, GRPO and DPO held-out accuracy and
+each arm's generated tokens and seconds; the mean difference over seeds with its 95% Student's t interval
+(none for one seed); each arm's means. A summary of two measurements, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from bench.common import RESULTS_DIR
+from bench.learning import RESULTS as GRPO_RESULTS
+from meta_agent.stats import seed_interval
+
+DPO_RESULTS = RESULTS_DIR / "learning_dpo.json"
+OUT = RESULTS_DIR / "planning.json"
+KEY = "dpo_minus_grpo"
+DPO_OVERRIDE = "train.algorithm=dpo"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grpo", type=Path, default=GRPO_RESULTS, help="bench.learning's GRPO results")
+    p.add_argument(
+        "--dpo", type=Path, default=DPO_RESULTS, help="bench.learning's results with train.algorithm=dpo"
+    )
+    p.add_argument("--out", type=Path, default=OUT)
+    return p.parse_args(argv)
+
+
+def pair_seeds(grpo: list[dict], dpo: list[dict]) -> tuple[list[dict], list[str]]:
+    """One row per seed both files trained alike; and a line for each seed left out, saying why."""
+    by_seed = {r["seed"]: r for r in grpo}
+    rows, left_out = [], []
+    for d in sorted(dpo, key=lambda r: r["seed"]):
+        seed = d["seed"]
+        g = by_seed.get(seed)
+        own = [o for o in d.get("overrides", []) if o != DPO_OVERRIDE]
+        if g is None:
+            left_out.append(f"seed {seed}: no GRPO run")
+        elif own != g.get("overrides", []):
+            left_out.append(f"seed {seed}: overrides differ ({own} against {g.get('overrides', [])})")
+        elif d["sft"] != g["sft"]:
+            left_out.append(
+                f"seed {seed}: SFT reached {d['sft']:.3f} before DPO and {g['sft']:.3f} before GRPO"
+            )
+        else:
+            rows.append(
+                {
+                    "seed": seed,
+                    "sft": g["sft"],
+                    "grpo": g["grpo"],
+                    "dpo": d["grpo"],  # bench.learning's key for the accuracy after the RL stage
+                    "grpo_generated_tokens": g["generated_tokens"],
+                    "dpo_generated_tokens": d["generated_tokens"],
+                    "grpo_seconds": g["seconds"],
+                    "dpo_seconds": d["seconds"],
+                    "steps": d["grpo_steps"],
+                }
+            )
+    return rows, left_out
+
+
+def summarise(rows: list[dict]) -> dict:
+    if not rows:
+        raise SystemExit("no seed was trained alike by both runs: nothing to pair (see the lines above)")
+    diff = seed_interval([r["dpo"] - r["grpo"] for r in rows])
+    over_sft = seed_interval([r["dpo"] - r["sft"] for r in rows])
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
+
+    return {
+        "mean": diff.mean,
+        "ci_low": diff.low,
+        "ci_high": diff.high,
+        "seeds": [r["seed"] for r in rows],
+        "sft": mean("sft"),
+        "grpo": mean("grpo"),
+        "dpo": mean("dpo"),
+        "dpo_minus_sft": {"mean": over_sft.mean, "ci_low": over_sft.low, "ci_high": over_sft.high},
+        "generated_tokens": {"grpo": mean("grpo_generated_tokens"), "dpo": mean("dpo_generated_tokens")},
+        "seconds": {"grpo": mean("grpo_seconds"), "dpo": mean("dpo_seconds")},
+        "per_seed": rows,
+    }
+
+
+def dpo_settings(config: Path) -> dict | None:
+    """The `dpo:` section a DPO run trained with, from its run folder (None once the folder is gone)."""
+    if not config.is_file():
+        return None
+    return OmegaConf.to_container(OmegaConf.load(config), resolve=False).get("dpo")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    grpo, dpo = (json.loads(path.read_text()) for path in (args.grpo, args.dpo))
+    rows, left_out = pair_seeds(grpo["per_seed"], dpo["per_seed"])
+    for line in left_out:
+        print(f"left out: {line}")
+    section = summarise(rows) | {
+        "sources": {"grpo": str(args.grpo), "dpo": str(args.dpo)},
+        "dpo_settings": dpo_settings(Path(dpo["per_seed"][0]["run"]) / "config.yaml"),
+        "machine": dpo.get("machine"),
+        "measured_at": dpo.get("measured_at"),
+        "paired_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+    args.out.write_text(json.dumps({**kept, KEY: section}, indent=2) + "\n")
+    print(json.dumps({k: section[k] for k in ("mean", "ci_low", "ci_high", "sft", "grpo", "dpo", "seeds")}))
+    return section
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""bench/preference.py: DPO and GRPO runs paired by seed, by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.preference import main, pair_seeds
+
+
+def record(seed: int, sft: float, after: float, overrides=(), tokens=100.0) -> dict:
+    return {
+        "seed": seed,
+        "sft": sft,
+        "grpo": after,
+        "overrides": list(overrides),
+        "generated_tokens": tokens,
+        "seconds": 10.0,
+        "grpo_steps": 4.0,
+        "run": "runs/gone",
+    }
+
+
+def test_seeds_pair_only_when_trained_alike():
+    grpo = [
+        record(0, 0.5, 0.4),
+        record(1, 0.5, 0.7),
+        record(2, 0.3, 0.3),
+        record(3, 0.2, 0.2, ["train.steps=6"]),
+    ]
+    dpo = [
+        record(0, 0.5, 0.6, ["train.algorithm=dpo"]),
+        record(1, 0.5, 0.5, ["train.algorithm=dpo"]),
+        record(2, 0.25, 0.3, ["train.algorithm=dpo"]),  # another SFT result: not the same start
+        record(3, 0.2, 0.2, ["train.algorithm=dpo"]),  # the GRPO run had other overrides
+        record(4, 0.2, 0.2, ["train.algorithm=dpo"]),  # no GRPO run
+    ]
+    rows, left_out = pair_seeds(grpo, dpo)
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert [(r["grpo"], r["dpo"]) for r in rows] == [(0.4, 0.6), (0.7, 0.5)]
+    assert [line.split(":")[0] for line in left_out] == ["seed 2", "seed 3", "seed 4"]
+    assert (
+        "SFT reached 0.250" in left_out[0] and "overrides differ" in left_out[1] and "no GRPO" in left_out[2]
+    )
+
+
+def test_the_difference_over_seeds_and_the_files_other_keys(tmp_path):
+    grpo, dpo, out = tmp_path / "g.json", tmp_path / "d.json", tmp_path / "planning.json"
+    grpo.write_text(json.dumps({"per_seed": [record(0, 0.5, 0.4), record(1, 0.5, 0.7)]}))
+    dpo_seeds = [
+        record(0, 0.5, 0.6, ["train.algorithm=dpo"], 90.0),
+        record(1, 0.5, 0.5, ["train.algorithm=dpo"], 110.0),
+    ]
+    dpo.write_text(json.dumps({"per_seed": dpo_seeds, "settings": {}}))
+    out.write_text(json.dumps({"mcts_accuracy": 0.5}))
+    section = main(["--grpo", str(grpo), "--dpo", str(dpo), "--out", str(out)])
+    # differences +0.2 and -0.2: mean 0, sd 0.2828, t(1) = 12.706: half-width 12.706 * 0.2828 / sqrt 2 = 2.541
+    assert section["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert section["ci_high"] == pytest.approx(2.5412, abs=1e-3)
+    assert section["generated_tokens"] == {"grpo": 100.0, "dpo": 100.0}
+    assert section["dpo_minus_sft"]["mean"] == pytest.approx(0.05)
+    assert section["dpo_settings"] is None  # the run folder is gone
+    written = json.loads(out.read_text())
+    assert written["mcts_accuracy"] == 0.5 and written["dpo_minus_grpo"]["seeds"] == [0, 1]
