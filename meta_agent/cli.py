@@ -34,7 +34,7 @@ from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.report import write_report
 from meta_agent.runner import play
 from meta_agent.settings import Config
-from meta_agent.sft import generate_demos
+from meta_agent.sft import generate_demos, search_demos
 from meta_agent.system import build_system, check_tools
 from meta_agent.tables import accuracy_table, reflection_table, seed_table
 from meta_agent.tasks import Task, load_tasks
@@ -60,7 +60,9 @@ commands:
                      dpo.loss=dpo|ipo|simpo, dpo.pairs); start from trained roles with adapters=...
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   demos              write sft.examples demonstrations of sft.source (arith | arith_distract | gsm8k) to demos_out,
-                     a JSON-lines file that `meta-agent sft sft.source=<file>` trains on
+                     a JSON-lines file that `meta-agent sft sft.source=<file>` trains on; with planner.name=mcts
+                     and adapters=RUN: the plans the tree search chose where it answered right (train.task's
+                     train split), as targets for the meta-thinker
   probe              counterfactual arms (plan removed, another problem's plan, no reflection, two
                      checkpoints' roles mixed, executors alone) against the hierarchy; probe.json, probe.md
   report RUN_DIR     an HTML report of a run: figures of its metrics, episodes round by round
@@ -349,7 +351,13 @@ def cmd_probe(overrides: list[str]) -> int:
 
 def cmd_demos(overrides: list[str]) -> int:
     cfg = load_config(overrides)
-    if demo_path(cfg.sft.source) is not None:
+    searched = cfg.planner.name == "mcts"
+    if searched and not cfg.adapters:
+        raise SettingError(
+            "meta-agent demos planner.name=mcts searches with trained roles: give them with adapters=RUN "
+            "(a run folder, a checkpoint or an adapters folder)"
+        )
+    if not searched and demo_path(cfg.sft.source) is not None:
         raise SettingError(
             f"meta-agent demos generates demonstrations: sft.source={cfg.sft.source} must be one of {SOURCES}"
         )
@@ -357,10 +365,20 @@ def cmd_demos(overrides: list[str]) -> int:
     out = Path(cfg.demos_out) if cfg.demos_out else run_dir / "demos.jsonl"
     with console.status("loading the backbone"):
         system = build_system(cfg)
-    with console.status(f"playing {cfg.sft.examples} {cfg.sft.source} demonstrations"):
-        episodes = generate_demos(cfg, system)
+    what = (
+        f"searching {cfg.sft.examples} {cfg.train.task} problems"
+        if searched
+        else (f"playing {cfg.sft.examples} {cfg.sft.source} demonstrations")
+    )
+    with console.status(what):
+        episodes = search_demos(cfg, system) if searched else generate_demos(cfg, system)
     system.close()
     if not episodes:
+        if searched:
+            raise SettingError(
+                f"no search of {cfg.sft.examples} {cfg.train.task} problems chose a right answer: nothing to learn "
+                "from; raise sft.examples or planner.simulations"
+            )
         raise SettingError(f"no {cfg.sft.source} demonstrations were made: raise sft.examples above 0")
     turns = read_demos(write_demos(episodes, out), roles=[r.name for r in system.roles])
     console.print(f"wrote {len(episodes)} demonstration episodes ({len(turns)} turns) to {out}")

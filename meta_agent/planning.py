@@ -39,7 +39,8 @@ VALUES = ("votes", "verdict")
 
 @dataclass
 class PlannerSettings:
-    """The `planner:` settings: tree search over the meta-thinker's plans in eval and solve."""
+    """The `planner:` settings: tree search over the meta-thinker's plans in eval and solve, and in `meta-agent
+    demos` (the searched plans as the meta-thinker's demonstrations)."""
 
     name: str = "none"  # none (one episode per problem) | mcts (the search in meta_agent/planning.py)
     simulations: int = 8  # episodes per problem (the search's budget) ...
@@ -344,3 +345,24 @@ def search(
             SearchResult(task, answer, correct, shown.episode, len(played[p]), tokens[p], roots[p])
         )
     return results
+
+
+def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:
+    """Training targets for the meta-thinker (role `meta`) from searches of problems whose answers are known
+    (a train split): of each problem whose chosen answer is right, the episode the search shows for it (a
+    simulation through the most visited plan that reached that answer), with only the meta-thinker's turns
+    left to learn: its plan and its reflections on the way (a revision, or the accept of a round before the
+    last; the last round's reflection is played only under `planner.value=verdict`). The executors' turns stay in the episode as the
+    context they were, loss mask 0. Episodes whose plan stated the answer, or whose meta-thinker turns
+    broke their format, are left out."""
+    kept = []
+    for r in results:
+        ep = r.episode
+        mine = [t for t in ep.turns if t.role == meta]
+        if not r.correct or ep.leaked or not mine or not all(t.format_ok for t in mine):
+            continue
+        for t in ep.turns:
+            if t.role != meta:
+                t.mask = [0] * len(t.mask)
+        kept.append(ep)
+    return kept

@@ -213,7 +213,7 @@ class Config:
     probe: ProbeSettings = field(default_factory=ProbeSettings)  # meta-agent probe: counterfactual arms
     planner: PlannerSettings = field(
         default_factory=PlannerSettings
-    )  # eval and solve: tree search over plans
+    )  # eval, solve and `meta-agent demos`: tree search over plans
     question: str | None = None  # the question for `meta-agent solve`
     resume: str | None = None  # meta-agent train ... resume=<run folder or checkpoint>: continue exactly
     # trained role adapters for eval, solve and train: a folder of <role>/ adapters

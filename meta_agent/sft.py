@@ -19,10 +19,12 @@ from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.evaluate import held_out_accuracy
+from meta_agent.planning import search, searched_plans
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
-from meta_agent.tasks import Task, next_tasks
+from meta_agent.tasks import Task, load_tasks, next_tasks
+from roles import meta_thinker
 from training.distributed import Ranks
 from training.run_log import RunLog
 from training.types import Turn
@@ -57,6 +59,29 @@ def generate_demos(cfg: Config, system: System) -> list[Episode]:
         limits=cfg.protocol,
         internal=system.factory.internal,
     )
+
+
+def search_demos(cfg: Config, system: System) -> list[Episode]:
+    """Searched plans as demonstrations (`meta-agent demos planner.name=mcts adapters=...`): the first
+    `sft.examples` problems of `train.task`'s train split (drawn by `seed`), each searched with the
+    `planner:` settings by the loaded roles; the plans (and revisions) of the searches whose chosen answer
+    was right, as meta_agent.planning.searched_plans keeps them."""
+    meta = meta_thinker(system.roles)
+    assert meta is not None, "Config refuses planner.name=mcts without a meta-thinker"
+    tasks = load_tasks(cfg.train.task, "train", limit=cfg.sft.examples, seed=cfg.seed)
+    per_search = max(1, cfg.eval.episodes_per_batch // cfg.planner.parallel)
+    results = []
+    for start in range(0, len(tasks), per_search):
+        chunk = tasks[start : start + per_search]
+        results += search(
+            system.factory, system.backend, chunk, cfg.planner, seed=cfg.seed, first_problem=start
+        )
+    kept = searched_plans(results, meta.name)
+    console.print(
+        f"searched {len(results)} problems: {sum(r.correct for r in results)} chosen answers right, "
+        f"{len(kept)} kept as demonstrations, {sum(r.generated_tokens for r in results)} tokens generated"
+    )
+    return kept
 
 
 def run_sft(

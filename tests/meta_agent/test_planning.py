@@ -19,6 +19,7 @@ from meta_agent.planning import (
     priors,
     puct,
     search,
+    searched_plans,
     select,
 )
 from meta_agent.runner import EpisodeFactory
@@ -250,3 +251,83 @@ def test_a_wave_spends_what_the_token_budget_has_left():
     assert wave_size(tight, 4, 920) == 0  # 80 left at 230: 0.35 of one, the nearest end is before it
     with pytest.raises(ValueError, match="planner.temperature must be > 0"):
         PlannerSettings(temperature=0.0)
+
+
+# ---- searched plans as the meta-thinker's demonstrations ----------------------------------------------
+
+
+class AlwaysSeven(Scripted):
+    """Every executor answers 7 (wrong), whatever the plan: no search can choose a right answer."""
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for i, r in enumerate(requests):
+            if "</answer>" in r.sampling.stop:
+                ids = tuple(self.chat.encode(answer("7")))
+                out[i] = GenerationResult(ids, (-0.1,) * len(ids), answer("7"), "stop")
+        return out
+
+
+def test_searched_plans_keep_the_meta_thinkers_turns_of_right_answers_only(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=4, parallel=2)
+    [right] = search(factory, Scripted(chat), [TASK], settings, seed=0)
+    [wrong] = search(factory, AlwaysSeven(chat), [TASK], settings, seed=0)
+    leak = "<plan>1. The answer is 555491.</plan>"
+    [leaked] = search(factory, Scripted(chat, plans=(leak,)), [TASK], settings, seed=0)
+    assert right.correct and not wrong.correct and leaked.correct and leaked.episode.leaked
+    kept = searched_plans([right, wrong, leaked], "meta_thinker")
+    assert kept == [right.episode]
+    ep = kept[0]
+    assert all(not any(t.mask) for t in ep.turns if t.role == "executor")
+    learned = ep.learned_turns
+    assert learned and {t.role for t in learned} == {"meta_thinker"} and learned[0].kind == "plan"
+    assert learned[0].text in (GOOD, GUESS)  # a plan the search chose, the revision after a guess with it
+
+
+class KnowsTheAnswers(Scripted):
+    """Plans GOOD and answers each question right, from the answers of the problems it was given."""
+
+    def __init__(self, chat, tasks):
+        super().__init__(chat, plans=(GOOD,))
+        self.answers = {t.question: t.answer for t in tasks}
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for i, r in enumerate(requests):
+            prompt = self.chat.decode_raw(r.prompt_ids)
+            if "</answer>" in r.sampling.stop:
+                right = next(a for q, a in self.answers.items() if q in prompt)
+                ids = tuple(self.chat.encode(answer(right)))
+                out[i] = GenerationResult(ids, (-0.1,) * len(ids), answer(right), "stop")
+        return out
+
+
+def test_search_demos_write_the_plans_that_sft_reads_back(role_sets, chat, registry, tmp_path):
+    from types import SimpleNamespace
+
+    from meta_agent.demos import read_demos, write_demos
+    from meta_agent.sft import search_demos
+    from meta_agent.tasks import load_tasks
+
+    cfg = load_config(["planner.name=mcts", "planner.simulations=2", "planner.parallel=2", "sft.examples=3"])
+    tasks = load_tasks(cfg.train.task, "train", limit=3, seed=cfg.seed)
+    roles = role_sets["hierarchy"]
+    factory = EpisodeFactory(roles, chat, registry, grade, Limits(max_rounds=2))
+    system = SimpleNamespace(roles=roles, factory=factory, backend=KnowsTheAnswers(chat, tasks))
+    episodes = search_demos(cfg, system)
+    assert [ep.task.id for ep in episodes] == [t.id for t in tasks]
+    turns = read_demos(write_demos(episodes, tmp_path / "searched.jsonl"), roles=[r.name for r in roles])
+    # per problem the meta-thinker's plan and the reflection that accepted (one before the last round)
+    assert [t.role for t in turns] == ["meta_thinker"] * 6
+    assert [chat.decode_raw(t.completion_ids) for t in turns] == [GOOD, ACCEPT] * 3
+
+
+def test_demos_by_search_need_trained_roles(tmp_path):
+    from tests.meta_agent.test_cli import run_cli
+
+    proc = run_cli("demos", "planner.name=mcts", f"run_dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert proc.returncode != 0
+    assert (
+        "planner.name=mcts searches with trained roles: give them with adapters=RUN"
+        in proc.stderr + proc.stdout
+    )
