@@ -28,7 +28,7 @@ from meta_agent.config import commented_yaml, compose_config, config_of_run, loa
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
-from meta_agent.planning import search
+from meta_agent.planning import head_values, search
 from meta_agent.probe import mixed_slots, probe, write_probe
 from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.report import write_report
@@ -180,7 +180,10 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     extra = {}
     with console.status("thinking"):
         if cfg.planner.name == "mcts":  # the shown episode is one of the search's, its answer the search's
-            [found] = search(system.factory, system.backend, [task], cfg.planner, seed=cfg.seed)
+            values = head_values(system.backbone, cfg.planner)
+            [found] = search(
+                system.factory, system.backend, [task], cfg.planner, seed=cfg.seed, values=values
+            )
             episode = found.episode
             extra = {"search": found.tree.as_dict(), "simulations": found.simulations}
         else:

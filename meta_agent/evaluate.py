@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from meta_agent.episode import Episode
-from meta_agent.planning import PlannerSettings, search
+from meta_agent.planning import PlannerSettings, head_values, search
 from meta_agent.rank_protocol import commit_lessons
 from meta_agent.reflection import reflected, reflection_metrics
 from meta_agent.runner import play
@@ -167,6 +167,7 @@ def searched(
     A search writes no lessons (its simulations would read each other's) and plays the last round's
     reflection only for planner.value=verdict."""
     per_search = max(1, settings.episodes_per_batch // planner.parallel)
+    values = head_values(system.backbone, planner)
     scores = {}
     for name, task_list in tasks.items():
         results = []
@@ -178,6 +179,7 @@ def searched(
                 planner,
                 seed=seed,
                 first_problem=start,
+                values=values,
             )
             if traces is not None:
                 for r in chunk:

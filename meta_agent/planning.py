@@ -14,8 +14,10 @@ own prior: the softmax over siblings of each turn's mean token logprob) until a 
 child (progressive widening: at most ceil(N ** widening) children), and plays one episode from there; its
 new plan or revision becomes a child. The episode's value, backed up along its path, is what the search
 can know without the answer key: `votes` (the share of the problem's answered simulations so far that
-reached the same answer: self-consistency) or `verdict` (1 when the meta-thinker's last reflection
-accepted an answer: the policy's own judgement). The answer is the majority answer of the simulations
+reached the same answer: self-consistency), `verdict` (1 when the meta-thinker's last reflection
+accepted an answer: the policy's own judgement) or `head` (the executor's value head, trained by a
+`grpo.advantage=gae` run, on the state after the simulation's last plan or revision: the policy's own
+Q-value estimate of that node, `head_values`). The answer is the majority answer of the simulations
 through the most visited plan. Simulations of every problem are played `parallel` at a time in one
 batch (pending ones count as visits of value 0, so a wave spreads over the tree).
 """
@@ -27,14 +29,20 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from meta_agent.episode import Episode
-from meta_agent.episode_records import PLAN, REFLECT
+from meta_agent.episode_records import EXECUTE, PLAN, REFLECT
+from meta_agent.errors import SettingError
 from meta_agent.runner import EpisodeFactory, next_requests
 from meta_agent.tasks import Task
+from training.backbone import Backbone
+from training.checkpoint import load_value_heads
 from training.types import GenerationBackend
+from training.value import prompt_states
 
 PLANNERS = ("none", "mcts")
-VALUES = ("votes", "verdict")
+VALUES = ("votes", "verdict", "head")
 
 
 @dataclass
@@ -48,7 +56,12 @@ class PlannerSettings:
     parallel: int = 4  # simulations of one problem played together in a batch
     c_puct: float = 1.0  # weight of the prior against a child's mean value
     widening: float = 0.5  # a node takes another child while it has fewer than ceil(visits ** widening)
-    value: str = "votes"  # votes (agreement with the other simulations' answers) | verdict (accepted)
+    # votes (agreement with the other simulations' answers) | verdict (accepted) | head (the executor's value
+    # head on the state after the plan or revision: a grpo.advantage=gae run's, planner.value_heads)
+    value: str = "votes"
+    # value=head: the checkpoint or run folder of a grpo.advantage=gae run whose heads value the states;
+    # null: the adapters= one
+    value_heads: str | None = None
     # every role's sampling temperature in the search; null: each role's own (roles.<role>.sampling)
     temperature: float | None = None
 
@@ -157,6 +170,50 @@ def normal(answer: str | None) -> str | None:
     if answer is None:
         return None
     return "".join(answer.split()).replace(",", "").rstrip(".") or None
+
+
+# Values of states, each given as (the role whose turn it is, its prompt's token ids): planner.value=head's
+StateValues = Callable[[Sequence[tuple[str, Sequence[int]]]], list[float]]
+
+
+def head_values(backbone: Backbone, settings: PlannerSettings) -> StateValues | None:
+    """planner.value=head's state values: each state under its role's value head (loaded from
+    `settings.value_heads`), read from the backbone's hidden state with that role's adapter active; None
+    for the other values."""
+    if settings.value != "head":
+        return None
+    assert settings.value_heads is not None, "Config fills planner.value_heads from adapters="
+    heads = load_value_heads(settings.value_heads)
+
+    def values(states: Sequence[tuple[str, Sequence[int]]]) -> list[float]:
+        out = [0.0] * len(states)
+        for role in dict.fromkeys(r for r, _ in states):
+            if role not in heads.heads:
+                raise SettingError(
+                    f"planner.value_heads={settings.value_heads} has value heads for {sorted(heads.heads)}, "
+                    f"not for the role {role!r}: name a grpo.advantage=gae run of these roles"
+                )
+            mine = [i for i, (r, _) in enumerate(states) if r == role]
+            backbone.activate(role)
+            hidden = prompt_states(
+                backbone.model, backbone.pad_id, [states[i][1] for i in mine], backbone.device
+            )
+            with torch.no_grad():
+                predicted = heads.predict(role, hidden.cpu())
+            for i, v in zip(mine, predicted.tolist(), strict=True):
+                out[i] = float(v)
+        return out
+
+    return values
+
+
+def leaf_state(sim: Simulation) -> tuple[str, tuple[int, ...]] | None:
+    """The state planner.value=head values for a simulation: the first executor turn after the last plan or
+    revision on its path (its prompt, with that plan in it), so the value is that node's Q-value under the
+    executor's head; None when no executor acted after it (the budget ran out)."""
+    round_ = len(sim.path) - 2  # the root, the plan (round 0), then one round more per revision
+    turn = next((t for t in sim.episode.turns if t.kind == EXECUTE and t.round == round_), None)
+    return None if turn is None else (turn.role, tuple(turn.prompt_ids))
 
 
 def episode_value(ep: Episode, answers: Sequence[str | None], how: str) -> float:
@@ -294,11 +351,13 @@ def search(
     seed: int = 0,
     first_problem: int = 0,
     on_wave: Callable[[int], None] | None = None,
+    values: StateValues | None = None,
 ) -> list[SearchResult]:
     """Search every problem of `tasks` (their simulations batched together); one result per problem.
     Problem p samples with the seeds of problem `first_problem + p`: a search of a later chunk of problems
     draws what one search of them all would.
-    The last round's reflection, which can change no answer, is played only for the `verdict` value."""
+    The last round's reflection, which can change no answer, is played only for the `verdict` value.
+    `values` gives planner.value=head its state values (head_values)."""
     final_reflection = settings.value == "verdict"
     roots = [Node("root") for _ in tasks]
     played: list[list[Simulation]] = [[] for _ in tasks]
@@ -323,9 +382,23 @@ def search(
             played[sim.problem].append(sim)
             tokens[sim.problem] += sim.generated_tokens
         for sim in wave:
-            answers = [s.episode.final_answer for s in played[sim.problem]]
-            value = episode_value(sim.episode, answers, settings.value)
             sim.path = grow(sim)
+        if settings.value == "head":
+            if values is None:
+                raise ValueError(
+                    "planner.value=head needs the heads' values: search(..., values=head_values(...))"
+                )
+            leaves = [leaf_state(sim) for sim in wave]
+            valued = iter(values([s for s in leaves if s is not None]))
+            wave_values = [0.0 if s is None else next(valued) for s in leaves]
+        else:
+            wave_values = [
+                episode_value(
+                    sim.episode, [s.episode.final_answer for s in played[sim.problem]], settings.value
+                )
+                for sim in wave
+            ]
+        for sim, value in zip(wave, wave_values, strict=True):
             for node in sim.path:
                 node.visits += 1
                 node.value_sum += value

@@ -19,7 +19,7 @@ from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.evaluate import held_out_accuracy
-from meta_agent.planning import search, searched_plans
+from meta_agent.planning import head_values, search, searched_plans
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
@@ -70,11 +70,18 @@ def search_demos(cfg: Config, system: System) -> list[Episode]:
     assert meta is not None, "Config refuses planner.name=mcts without a meta-thinker"
     tasks = load_tasks(cfg.train.task, "train", limit=cfg.sft.examples, seed=cfg.seed)
     per_search = max(1, cfg.eval.episodes_per_batch // cfg.planner.parallel)
+    values = head_values(system.backbone, cfg.planner)
     results = []
     for start in range(0, len(tasks), per_search):
         chunk = tasks[start : start + per_search]
         results += search(
-            system.factory, system.backend, chunk, cfg.planner, seed=cfg.seed, first_problem=start
+            system.factory,
+            system.backend,
+            chunk,
+            cfg.planner,
+            seed=cfg.seed,
+            first_problem=start,
+            values=values,
         )
     kept = searched_plans(results, meta.name)
     console.print(

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from training.trainer import PolicyTrainer
+from training.value import ValueHeads
 
 LATEST = "latest"
 TRAINER_FILE = "trainer.pt"
@@ -234,13 +235,14 @@ def save_checkpoint(
 # ---- reading -----------------------------------------------------------------------------------
 
 
-def resolve_resume(value: str | Path) -> Path:
-    """The checkpoint folder `resume=value` means: a step-* folder itself, or the newest one of a
-    checkpoint root (holding `latest` or step-* folders) or of a run folder (holding `checkpoints/`)."""
+def resolve_resume(value: str | Path, key: str = "resume") -> Path:
+    """The checkpoint folder `resume=value` (or another setting `key`) means: a step-* folder itself, or the
+    newest one of a checkpoint root (holding `latest` or step-* folders) or of a run folder (holding
+    `checkpoints/`)."""
     path = Path(value).expanduser()
     if not path.exists():
         raise CheckpointError(
-            f"resume={value} does not exist: pass a step-* checkpoint folder, a checkpoints folder or a run folder"
+            f"{key}={value} does not exist: pass a step-* checkpoint folder, a checkpoints folder or a run folder"
         )
     if (path / TRAINER_FILE).is_file():
         return path
@@ -249,9 +251,28 @@ def resolve_resume(value: str | Path) -> Path:
         if found is not None:
             return found
     raise CheckpointError(
-        f"resume={value} points to {path}, which has no {TRAINER_FILE} and no complete step-* checkpoint "
+        f"{key}={value} points to {path}, which has no {TRAINER_FILE} and no complete step-* checkpoint "
         f"(directly or under {CHECKPOINTS_DIR}/): pass a step-* folder or the run folder"
     )
+
+
+def load_value_heads(value: str | Path, key: str = "planner.value_heads") -> ValueHeads:
+    """The value heads a `grpo.advantage=gae` run saved in its checkpoint (`value`: as resolve_resume reads
+    it; `key`: the setting that named it, for the messages), on the CPU, ready to predict."""
+    path = resolve_resume(value, key)
+    saved = _read_trainer_file(path)
+    if "values" not in saved:
+        raise CheckpointError(
+            f"{key}={value}: checkpoint {path} has no value heads (its run did not train with "
+            "grpo.advantage=gae): name a checkpoint or run folder of such a run"
+        )
+    heads = saved["values"]["heads"]
+    roles = sorted({name.split(".")[0] for name in heads})
+    hidden = heads[f"{roles[0]}.weight"].shape[-1]
+    values = ValueHeads(roles, hidden)
+    values.load_state(saved["values"])
+    values.requires_grad_(False)  # read, never fitted, by whoever loads them
+    return values
 
 
 def _read_trainer_file(path: Path) -> dict[str, Any]:

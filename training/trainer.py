@@ -24,12 +24,12 @@ import torch
 from accelerate import Accelerator
 
 from training.backbone import Backbone
-from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches, prompt_batch
+from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches
 from training.distributed import Ranks
 from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
 from training.preference import PreferencePair, PreferenceSettings, preference_loss
 from training.types import Turn
-from training.value import ValueHeads, ValueSettings
+from training.value import ValueHeads, ValueSettings, prompt_states
 
 
 @dataclass
@@ -330,22 +330,18 @@ class PolicyTrainer:
         """The backbone's last hidden state (after its final norm) at each turn's last prompt token, with
         the turn's role adapter active and no gradient: the state the turn acted in, [N, H] float32."""
         out: dict[int, torch.Tensor] = {}  # by id() of the turn
-        base = self.model.get_base_model()
-        decoder = getattr(base, base.base_model_prefix)  # the transformer without its vocabulary head
         training = self.model.training
         self.model.eval()
         try:
             for chunk in self._role_micro_batches(turns):
-                inputs = prompt_batch(
-                    [t.prompt_ids for t in chunk], self.backbone.pad_id, self.accelerator.device
-                )
-                with torch.no_grad():
-                    hidden = decoder(**inputs, use_cache=False).last_hidden_state[:, -1]
-                out.update({id(t): h.float() for t, h in zip(chunk, hidden, strict=True)})
+                prompts = [t.prompt_ids for t in chunk]
+                hidden = prompt_states(self.model, self.backbone.pad_id, prompts, self.accelerator.device)
+                out.update({id(t): h for t, h in zip(chunk, hidden, strict=True)})
         finally:
             self.model.train(training)
         if not turns:
-            return torch.zeros((0, base.config.hidden_size), device=self.accelerator.device)
+            hidden_size = self.model.get_base_model().config.hidden_size
+            return torch.zeros((0, hidden_size), device=self.accelerator.device)
         return torch.stack([out[id(t)] for t in turns])
 
     def state_values(self, turns: Sequence[Turn]) -> tuple[list[float], torch.Tensor]:

@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from training.batch import prompt_batch
 from training.distributed import Ranks
 from training.types import Turn
 
@@ -181,6 +182,17 @@ def explained_variance(predicted: Sequence[float], targets: Sequence[float]) -> 
     errors = [y - p for p, y in zip(predicted, targets, strict=True)]
     error_mean = sum(errors) / n
     return 1.0 - sum((e - error_mean) ** 2 for e in errors) / total
+
+
+def prompt_states(model: torch.nn.Module, pad_id: int, prompts: Sequence[Sequence[int]], device) -> Tensor:
+    """The backbone's last hidden state (after its final norm) at each prompt's last token, without
+    gradient, [N, H] float32: the state a turn on that prompt acts in, as the value heads read it. `model`
+    is the PEFT-wrapped backbone, with the adapter of the role whose state it is active."""
+    base = model.get_base_model()
+    decoder = getattr(base, base.base_model_prefix)  # the transformer without its vocabulary head
+    with torch.no_grad():
+        hidden = decoder(**prompt_batch(prompts, pad_id, device), use_cache=False).last_hidden_state[:, -1]
+    return hidden.float()
 
 
 class ValueHeads(torch.nn.Module):

@@ -15,6 +15,7 @@ from meta_agent.planning import (
     PlannerSettings,
     choose,
     episode_value,
+    leaf_state,
     may_widen,
     priors,
     puct,
@@ -313,7 +314,9 @@ def test_search_demos_write_the_plans_that_sft_reads_back(role_sets, chat, regis
     tasks = load_tasks(cfg.train.task, "train", limit=3, seed=cfg.seed)
     roles = role_sets["hierarchy"]
     factory = EpisodeFactory(roles, chat, registry, grade, Limits(max_rounds=2))
-    system = SimpleNamespace(roles=roles, factory=factory, backend=KnowsTheAnswers(chat, tasks))
+    system = SimpleNamespace(
+        roles=roles, factory=factory, backend=KnowsTheAnswers(chat, tasks), backbone=None
+    )
     episodes = search_demos(cfg, system)
     assert [ep.task.id for ep in episodes] == [t.id for t in tasks]
     turns = read_demos(write_demos(episodes, tmp_path / "searched.jsonl"), roles=[r.name for r in roles])
@@ -331,3 +334,57 @@ def test_demos_by_search_need_trained_roles(tmp_path):
         "planner.name=mcts searches with trained roles: give them with adapters=RUN"
         in proc.stderr + proc.stdout
     )
+
+
+# ---- planner.value=head: the value of the state after a plan, from a value function -------------------
+
+
+def test_the_head_values_the_first_executor_state_after_the_last_plan_or_revision(factory, chat):
+    seen = []
+
+    def values(states):
+        seen.extend(states)
+        # a value function that likes GOOD plans: what a trained head would learn on this task
+        return [
+            1.0
+            if "Multiply the crates" in chat.decode_raw(ids).rsplit("Plan from the meta-thinker:", 1)[-1]
+            else 0.0
+            for _, ids in states
+        ]
+
+    settings = PlannerSettings(name="mcts", simulations=8, parallel=4, value="head", value_heads="unused")
+    [result] = search(factory, Scripted(chat, plans=(GUESS, GOOD)), [TASK], settings, seed=0, values=values)
+    assert len(seen) == 8 and {role for role, _ in seen} == {"executor"}
+    good = next(c for c in result.tree.children if c.text == GOOD)
+    guess = next(c for c in result.tree.children if c.text == GUESS)
+    # a guess is revised to the good plan: its simulations are valued at their revision's state
+    assert good.value == 1.0 and guess.children and guess.children[0].value == 1.0
+    assert result.answer == "555491"
+    with pytest.raises(ValueError, match="values=head_values"):
+        search(factory, Scripted(chat), [TASK], settings, seed=0)
+
+
+def test_leaf_state_by_hand(factory, chat):
+    settings = PlannerSettings(name="mcts", simulations=1, parallel=1)
+    [planned] = search(factory, Scripted(chat, plans=(GOOD,)), [TASK], settings, seed=0)
+    [revised] = search(factory, Scripted(chat, plans=(GUESS,)), [TASK], settings, seed=0)
+    for result, rounds in ((planned, 1), (revised, 2)):
+        path = [result.tree]
+        while path[-1].children:
+            path.append(path[-1].children[0])
+        assert len(path) == rounds + 1
+        from meta_agent.planning import Simulation
+
+        sim = Simulation(0, path, result.episode, 0, [], 0)
+        role, ids = leaf_state(sim)
+        executor = [t for t in result.episode.turns if t.kind == "execute"][rounds - 1]
+        assert role == "executor" and ids == tuple(executor.prompt_ids)
+
+
+def test_value_head_needs_a_checkpoint_to_read_them_from():
+    with pytest.raises(
+        SettingError, match=r"planner.value=head .* planner.value_heads=\.\.\. \(or adapters=\.\.\.\)"
+    ):
+        load_config(["planner.name=mcts", "planner.value=head"])
+    cfg = load_config(["planner.name=mcts", "planner.value=head", "adapters=runs/gae"])
+    assert cfg.planner.value_heads == "runs/gae"

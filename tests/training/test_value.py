@@ -191,3 +191,29 @@ class LearnsNothing:
 def test_the_conformance_check_catches_a_broken_estimator(tokenizer, estimator, rule):
     with pytest.raises(AssertionError, match=rule):
         check_estimator(estimator, estimator_turns(tokenizer))
+
+
+def test_a_gae_runs_heads_load_from_its_checkpoint_and_value_prompts_as_the_trainer_does(tokenizer, tmp_path):
+    """load_value_heads + prompt_states (what planner.value=head reads) give the trainer's state_values."""
+    from training.checkpoint import load_value_heads
+    from training.value import prompt_states
+
+    trainer = fresh_trainer(tokenizer, ValueSettings())
+    turns = estimator_turns(tokenizer)
+    features = trainer.state_features(turns)
+    trainer.value_step(turns, features, [1.0, 0.5, 0.0])
+    save_checkpoint(tmp_path / "checkpoints", 3, trainer, {})
+    heads = load_value_heads(tmp_path)  # the run folder: its newest checkpoint
+    assert sorted(heads.heads) == sorted(ROLES)
+    expected, _ = trainer.state_values(turns)
+    backbone = trainer.backbone
+    for t, value in zip(turns, expected, strict=True):
+        backbone.activate(t.role)
+        hidden = prompt_states(backbone.model, backbone.pad_id, [t.prompt_ids], backbone.device)
+        assert float(heads.predict(t.role, hidden)[0]) == pytest.approx(value, abs=1e-5)
+    plain = fresh_trainer(tokenizer)
+    save_checkpoint(tmp_path / "plain", 1, plain, {})
+    with pytest.raises(CheckpointError, match=r"planner.value_heads=.*no value heads .*grpo.advantage=gae"):
+        load_value_heads(tmp_path / "plain")
+    with pytest.raises(CheckpointError, match=r"^planner.value_heads=.*missing does not exist"):
+        load_value_heads(tmp_path / "missing")
