@@ -6,8 +6,10 @@ nothing carried between reflections (`truncate`), on the reflection task with th
 
 Per seed and internal memory: the reflection task's hierarchy (distract_hierarchy) is trained as `meta-agent
 train` does it with `memory.internal=<mode>` (SFT on demonstrations whose reflections write notes under
-summary and none under truncate, then --grpo-steps GRPO steps; the training run's own held-out evaluation
-cut to one problem, since the measurement is below). Its adapters are then evaluated greedily on --limit
+summary and none under truncate, then --grpo-steps GRPO steps). The training run's own held-out evaluations
+are cut to one problem: they choose nothing, since the task's SFT evaluates once, at its last step
+(`sft.eval_every` = `sft.max_steps`; other overrides are refused), so its adapters are the last step's
+whatever that problem scores, and the measurement is the evaluation below. Its adapters are then evaluated greedily on --limit
 held-out problems with `protocol.max_rounds` --rounds (the task trains with two) and
 `protocol.max_new_tokens` 480 a round, memory (lessons) off, the last round's reflection skipped (it can
 change no answer): accuracy, prompt and generated tokens per episode, rounds per episode, and what the
@@ -79,8 +81,14 @@ def trained(seed: int, mode: str, args: argparse.Namespace) -> tuple[Path, float
         f"seed={seed}",
         f"memory.internal={mode}",
         f"train.steps={args.grpo_steps}",
-        "train.eval_limit=1",  # the measurement is evaluate() below, on --limit problems
+        "train.eval_limit=1",  # chooses nothing (below); the measurement is evaluated(), on --limit problems
     ]
+    sft = load_config([f"experiment={EXPERIMENT}", *overrides]).sft
+    if sft.eval_every < sft.max_steps:
+        raise SystemExit(
+            f"sft.eval_every={sft.eval_every} below sft.max_steps={sft.max_steps} would pick SFT adapters on "
+            "one held-out problem: leave sft.eval_every at the task's (its max_steps)"
+        )
     _, seconds, run_dir = run(EXPERIMENT, overrides, f"memory-{mode}-seed{seed}")
     latest = (run_dir / "checkpoints" / "latest").read_text().strip() if args.grpo_steps else "sft-best"
     return run_dir / "checkpoints" / latest, seconds

@@ -57,6 +57,10 @@ def pair_seeds(grpo: list[dict], dpo: list[dict]) -> tuple[list[dict], list[str]
             left_out.append(f"seed {seed}: no GRPO run")
         elif own != g.get("overrides", []):
             left_out.append(f"seed {seed}: overrides differ ({own} against {g.get('overrides', [])})")
+        elif d["grpo_steps"] != g["grpo_steps"]:
+            left_out.append(
+                f"seed {seed}: {d['grpo_steps']:g} DPO steps against {g['grpo_steps']:g} GRPO steps"
+            )
         elif d["sft"] != g["sft"]:
             left_out.append(
                 f"seed {seed}: SFT reached {d['sft']:.3f} before DPO and {g['sft']:.3f} before GRPO"
@@ -73,6 +77,7 @@ def pair_seeds(grpo: list[dict], dpo: list[dict]) -> tuple[list[dict], list[str]
                     "grpo_seconds": g["seconds"],
                     "dpo_seconds": d["seconds"],
                     "steps": d["grpo_steps"],
+                    "dpo_run": d["run"],
                 }
             )
     return rows, left_out
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"left out: {line}")
     section = summarise(rows) | {
         "sources": {"grpo": str(args.grpo), "dpo": str(args.dpo)},
-        "dpo_settings": dpo_settings(Path(dpo["per_seed"][0]["run"]) / "config.yaml"),
+        "dpo_settings": dpo_settings(Path(rows[0]["dpo_run"]) / "config.yaml"),
         "machine": dpo.get("machine"),
         "measured_at": dpo.get("measured_at"),
         "paired_at": datetime.now(UTC).isoformat(timespec="seconds"),

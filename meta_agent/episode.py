@@ -24,14 +24,17 @@ from meta_agent.episode_records import (
     ToolCall,
     TurnRecord,
 )
-from meta_agent.internal_memory import InternalMemory, Truncate
+from meta_agent.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
 from meta_agent.prompts import (
+    NOTES_HEADER,
     environment_markers,
     memory_block,
     neutralise,
     notes_block,
     previous_block,
+    tail,
     valid_text,
+    without_notes,
     without_plans,
     work_block,
 )
@@ -108,7 +111,8 @@ class Episode:
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.internal = internal or Truncate()
         specials = getattr(chat.tokenizer, "all_special_tokens", ())
-        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials)
+        notes = (NOTES_HEADER,) if self.internal.carries else ()
+        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, notes)
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
@@ -327,7 +331,8 @@ class Episode:
             )
             work = work_block(self._round_turns(self.round)) or "(no work)"
             answer = self._round_answer() or "(no answer)"
-            state, _ = neutralise(self.internal.carried(self._reflections(), role.grammar), self._markers)
+            carried = tail(self.internal.carried(self._reflections(), role.grammar), CARRIED_LIMIT)
+            state, _ = neutralise(carried, self._markers)
             carried = notes_block(state)
             instruction = self.internal.instruction(role.grammar)
             asked = role.reflect_text(work=work, answer=answer) + (
@@ -450,6 +455,11 @@ class Episode:
         )
 
     def _shown_text(self, turn: TurnRecord) -> str:
-        """A meta-thinker turn as later executors read it: with its plans cut out when plans are hidden."""
+        """A meta-thinker turn as later executors read it (and the leak check scans it): with its plans cut out
+        when plans are hidden, and its notes when the internal memory carries them."""
         text = turn.text.strip()
-        return text if self.show_plan or self.meta is None else without_plans(text, self.meta.grammar)
+        if self.meta is None:
+            return text
+        if self.internal.carries:  # the notes are the meta-thinker's own: no executor reads them
+            text = without_notes(text, self.meta.grammar)
+        return text if self.show_plan else without_plans(text, self.meta.grammar)

@@ -31,6 +31,9 @@ CARRIED_LIMIT = 2000  # what check_internal_memory lets any memory carry into on
 @runtime_checkable
 class InternalMemory(Protocol):
     name: str
+    # whether it ever carries anything: the episode then quotes a forged NOTES_HEADER in model text and keeps
+    # the notes out of what executors read; a memory that carries nothing leaves the prompts as they were
+    carries: bool
 
     def instruction(self, grammar: Grammar) -> str:
         """What the reflect message asks the meta-thinker to write besides its reflection, appended to the
@@ -53,6 +56,7 @@ class Truncate:
     """Nothing carried: each reflection reads this round's work and the plan in force."""
 
     name = "truncate"
+    carries = False
 
     def instruction(self, grammar: Grammar) -> str:
         return ""
@@ -70,6 +74,7 @@ class Summary:
     """A running state each reflection rewrites in its notes; the next reflection reads the latest."""
 
     name = "summary"
+    carries = True
 
     def instruction(self, grammar: Grammar) -> str:
         open_, close = grammar.notes
@@ -143,9 +148,10 @@ def check_internal_memory(memory: InternalMemory, grammar: Grammar | None = None
     """Raises AssertionError naming what `memory` gets wrong as the episode and the demonstrations use it.
 
     Checks: it is an InternalMemory; the first reflection is carried nothing; what it carries is a pure
-    function of the reflections, bounded by CARRIED_LIMIT however long they ran; a demonstrated reflection
-    keeps its decision (verdict, fix, plan) and the episode's stops; and a memory whose instruction asks for
-    something carries something from a reflection written as it demonstrates.
+    function of the reflections, bounded by CARRIED_LIMIT however long they ran (the episode cuts it there
+    too); a demonstrated reflection keeps its decision (verdict, fix, plan) and the episode's stops; a
+    memory whose instruction asks for something carries something from a reflection written as it
+    demonstrates; and one that carries something says so (`carries`).
     """
     grammar = grammar or Grammar()
     assert isinstance(memory, InternalMemory), f"{memory!r} lacks a method of InternalMemory"
@@ -173,6 +179,8 @@ def check_internal_memory(memory: InternalMemory, grammar: Grammar | None = None
     assert first == memory.carried(list(reflections), grammar), "carried must be a pure function of its input"
     if memory.instruction(grammar):
         assert first, "the instruction asks for something that the next reflection is never shown"
+    if first:
+        assert memory.carries, "it carried something but says it carries nothing (carries = False)"
     runaway = [f"{r_open}{'x' * 50_000}{r_close}{grammar.notes[0]}{'y' * 50_000}{grammar.notes[1]}"]
     long = memory.carried(runaway, grammar)
     assert len(long) <= CARRIED_LIMIT, f"carried {len(long)} characters of a runaway reflection"

@@ -183,7 +183,7 @@ def head_values(backbone: Backbone, settings: PlannerSettings) -> StateValues | 
     if settings.value != "head":
         return None
     assert settings.value_heads is not None, "Config fills planner.value_heads from adapters="
-    heads = load_value_heads(settings.value_heads)
+    heads = load_value_heads(settings.value_heads, "planner.value_heads (by default adapters=)")
 
     def values(states: Sequence[tuple[str, Sequence[int]]]) -> list[float]:
         out = [0.0] * len(states)
@@ -195,9 +195,13 @@ def head_values(backbone: Backbone, settings: PlannerSettings) -> StateValues | 
                 )
             mine = [i for i, (r, _) in enumerate(states) if r == role]
             backbone.activate(role)
-            hidden = prompt_states(
-                backbone.model, backbone.pad_id, [states[i][1] for i in mine], backbone.device
-            )
+            training = backbone.model.training
+            backbone.model.eval()  # no adapter dropout in a value
+            try:
+                prompts = [states[i][1] for i in mine]
+                hidden = prompt_states(backbone.model, backbone.pad_id, prompts, backbone.device)
+            finally:
+                backbone.model.train(training)
             with torch.no_grad():
                 predicted = heads.predict(role, hidden.cpu())
             for i, v in zip(mine, predicted.tolist(), strict=True):
@@ -425,9 +429,10 @@ def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:
     (a train split): of each problem whose chosen answer is right, the episode the search shows for it (a
     simulation through the most visited plan that reached that answer), with only the meta-thinker's turns
     left to learn: its plan and its reflections on the way (a revision, or the accept of a round before the
-    last; the last round's reflection is played only under `planner.value=verdict`). The executors' turns stay in the episode as the
-    context they were, loss mask 0. Episodes whose plan stated the answer, or whose meta-thinker turns
-    broke their format, are left out."""
+    last; the last round's reflection is played only under `planner.value=verdict`). The executors' turns
+    get loss mask 0, so a demonstrations file (meta_agent.demos.write_demos) keeps the meta-thinker's turns
+    alone, their prompts showing the executors' work where the protocol shows it (a reflection's).
+    Episodes whose plan stated the answer, or whose meta-thinker turns broke their format, are left out."""
     kept = []
     for r in results:
         ep = r.episode

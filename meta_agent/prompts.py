@@ -44,18 +44,17 @@ class Markers:
 
 
 def environment_markers(
-    grammars: Iterable[Grammar], roles: Iterable[str], special_tokens: Iterable[str]
+    grammars: Iterable[Grammar],
+    roles: Iterable[str],
+    special_tokens: Iterable[str],
+    extra_headers: Iterable[str] = (),
 ) -> Markers:
+    """The markers of an episode's prompts; `extra_headers`: the headers of blocks only some episodes show
+    (NOTES_HEADER, where the internal memory carries notes), so the others quote exactly what they did."""
     tags = {tag for g in grammars for tag in g.tool_result}
     anywhere = sorted(tags | {t for t in special_tokens if t}, key=len, reverse=True)
-    headers = [
-        LESSONS_HEADER,
-        WORK_HEADER,
-        PREVIOUS_HEADER,
-        REFLECTION_HEADER,
-        NOTES_HEADER,
-        *(f"[{r}]" for r in roles),
-    ]
+    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, *extra_headers]
+    headers += [f"[{r}]" for r in roles]
     return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
 
 
@@ -117,10 +116,20 @@ def previous_block(
     return f"{PREVIOUS_HEADER}\n{work}\n\n{REFLECTION_HEADER}\n{tail(reflection)}\n\n"
 
 
+def without_notes(text: str, grammar: Grammar) -> str:
+    """`text` with every notes block cut out (an unclosed one to the end): a reflection as the executors
+    read it and the leak check scans it, where the notes are the meta-thinker's own (memory.internal)."""
+    return _cut(text, grammar.notes)
+
+
 def without_plans(text: str, grammar: Grammar) -> str:
     """`text` with every tagged plan cut out (an unclosed one to the end): what executors may read when
     plans are kept from them."""
-    start, end = grammar.plan
+    return _cut(text, grammar.plan)
+
+
+def _cut(text: str, tags: tuple[str, str]) -> str:
+    start, end = tags
     while start in text:
         head, _, rest = text.partition(start)
         text = head + (rest.split(end, 1)[1] if end in rest else "")

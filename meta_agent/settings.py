@@ -246,13 +246,14 @@ class Config:
                 "planner.name=mcts searches over the meta-thinker's plans, and these roles have none: pick "
                 "roles with a meta-thinker (roles=hierarchy), or planner.name=none"
             )
-        if self.planner.value == "head" and self.planner.value_heads is None:
+        searched_by_head = self.planner.name == "mcts" and self.planner.value == "head"
+        if searched_by_head and self.planner.value_heads is None:
             if not self.adapters:
                 raise ValueError(
                     "planner.value=head values states with a grpo.advantage=gae run's value heads: name its "
                     "checkpoint or run folder with planner.value_heads=... (or adapters=...)"
                 )
-            self.planner.value_heads = self.adapters
+            self.planner.value_heads = self.adapters  # its default; load_value_heads names both
         if self.planner.name == "mcts" and self.eval.samples > 1:
             raise ValueError(
                 "planner.name=mcts answers each problem once, by search (planner.simulations episodes): set "

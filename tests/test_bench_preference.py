@@ -28,6 +28,7 @@ def test_seeds_pair_only_when_trained_alike():
         record(1, 0.5, 0.7),
         record(2, 0.3, 0.3),
         record(3, 0.2, 0.2, ["train.steps=6"]),
+        record(5, 0.2, 0.2) | {"grpo_steps": 2.0},
     ]
     dpo = [
         record(0, 0.5, 0.6, ["train.algorithm=dpo"]),
@@ -35,11 +36,13 @@ def test_seeds_pair_only_when_trained_alike():
         record(2, 0.25, 0.3, ["train.algorithm=dpo"]),  # another SFT result: not the same start
         record(3, 0.2, 0.2, ["train.algorithm=dpo"]),  # the GRPO run had other overrides
         record(4, 0.2, 0.2, ["train.algorithm=dpo"]),  # no GRPO run
+        record(5, 0.2, 0.2, ["train.algorithm=dpo"]),  # the GRPO run stopped after 2 steps
     ]
     rows, left_out = pair_seeds(grpo, dpo)
     assert [r["seed"] for r in rows] == [0, 1]
     assert [(r["grpo"], r["dpo"]) for r in rows] == [(0.4, 0.6), (0.7, 0.5)]
-    assert [line.split(":")[0] for line in left_out] == ["seed 2", "seed 3", "seed 4"]
+    assert [line.split(":")[0] for line in left_out] == ["seed 2", "seed 3", "seed 4", "seed 5"]
+    assert "4 DPO steps against 2 GRPO steps" in left_out[3]
     assert (
         "SFT reached 0.250" in left_out[0] and "overrides differ" in left_out[1] and "no GRPO" in left_out[2]
     )

@@ -4,6 +4,9 @@ check a researcher's own internal memory must pass."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from meta_agent.config import load_config
@@ -141,6 +144,10 @@ class RemembersBeforeTheFirst(Truncate):
         return "start\n"
 
 
+class CarriesSecretly(Summary):
+    carries = False
+
+
 class StopsEarly(Summary):
     def demonstrate(self, reflection, earlier, answers, grammar):
         return "<verdict>accept</verdict>" + reflection
@@ -154,6 +161,7 @@ class StopsEarly(Summary):
         (CarriesEverything(), "characters of a runaway"),
         (RemembersBeforeTheFirst(), "first reflection must be carried nothing"),
         (StopsEarly(), "a stop ends the demonstrated reflection early"),
+        (CarriesSecretly(), "says it carries nothing"),
         (object(), "lacks a method"),
     ],
 )
@@ -202,18 +210,54 @@ def test_summary_shows_each_reflection_the_latest_notes_and_asks_for_new_ones(ro
     assert second.index(NOTES_HEADER) < second.index("The executor's work:")
 
 
+# An episode with a forged notes header in its plan and notes its reflection wrote unasked: the sha256 of
+# every turn's (prompt ids, completion ids, forged, format_ok, reward), as the code before memory.internal
+# existed (92f2727) built them. truncate must build the same, byte for byte.
+BEFORE_THE_SETTING = "acafeb92e428f94d"
+
+
 def test_truncate_builds_the_prompts_it_built_before_the_setting_existed(role_sets, chat, registry):
-    default, truncate = (
-        episode(role_sets, chat, registry, None),
-        episode(role_sets, chat, registry, Truncate()),
+    ep = episode(role_sets, chat, registry, None)  # the default
+    for action in (
+        f"<plan>1. Multiply.\n{NOTES_HEADER}\n2. Add.</plan>",
+        answer(WRONG),
+        f"<reflection>off</reflection><lesson>l</lesson><notes>Round 1: answered it.\n{NOTES_HEADER}\nx</notes>"
+        "<verdict>revise</verdict>",
+        answer(WRONG),
+        "<reflection>still</reflection><verdict>revise</verdict>",
+        answer(TASK.answer),
+        "<reflection>ok</reflection><verdict>accept</verdict>",
+    ):
+        ep.advance_text(action)
+    record = [(t.prompt_ids, t.completion_ids, t.forged, t.format_ok, t.reward) for t in ep.turns]
+    assert hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16] == BEFORE_THE_SETTING
+    assert ep.turns[0].forged == 0  # the header is no marker where no notes are carried
+
+
+def test_summary_keeps_the_notes_from_the_executors_and_the_leak_check(role_sets, chat, registry):
+    ep = episode(role_sets, chat, registry, Summary(), rounds=2)
+    for action in (
+        PLAN,
+        answer(WRONG),
+        revise_with(f"Round 1: answered {TASK.answer}."),
+        answer(TASK.answer),
+    ):
+        ep.advance_text(action)
+    executor = chat.decode_raw(ep.turns[3].prompt_ids)
+    assert (
+        "it guessed" in executor and "<notes>" not in executor and f"answered {TASK.answer}" not in executor
     )
-    for ep in (default, truncate):
-        play_three_rounds(ep)
-    assert [t.prompt_ids for t in default.turns] == [t.prompt_ids for t in truncate.turns]
-    assert not any(
-        NOTES_HEADER in p or "<notes>" in p.split("<|im_start|>assistant")[0]
-        for p in reflect_prompts(default)
-    )
+    ep.advance_text("<reflection>ok</reflection><verdict>accept</verdict>")
+    assert ep.done and ep.correct and not ep.leaked
+    plain = episode(role_sets, chat, registry, Truncate(), rounds=2)  # there, notes are plain reflection text
+    for action in (
+        PLAN,
+        answer(WRONG),
+        revise_with(f"Round 1: answered {TASK.answer}."),
+        answer(TASK.answer),
+    ):
+        plain.advance_text(action)
+    assert plain.leaked and f"answered {TASK.answer}" in chat.decode_raw(plain.turns[3].prompt_ids)
 
 
 def test_a_forged_notes_header_is_quoted_before_the_next_reflection_reads_it(role_sets, chat, registry):
