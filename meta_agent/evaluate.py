@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from meta_agent.episode import Episode
-from meta_agent.planning import PlannerSettings, head_values, search
+from meta_agent.planning import PlannerSettings, head_values, searches
 from meta_agent.rank_protocol import commit_lessons
 from meta_agent.reflection import reflected, reflection_metrics
 from meta_agent.runner import play
@@ -166,21 +166,14 @@ def searched(
     for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`).
     A search writes no lessons (its simulations would read each other's) and plays the last round's
     reflection only for planner.value=verdict."""
-    per_search = max(1, settings.episodes_per_batch // planner.parallel)
     values = head_values(system.backbone, planner)
     scores = {}
     for name, task_list in tasks.items():
         results = []
-        for start in range(0, len(task_list), per_search):
-            chunk = search(
-                system.factory,
-                system.backend,
-                task_list[start : start + per_search],
-                planner,
-                seed=seed,
-                first_problem=start,
-                values=values,
-            )
+        batch = settings.episodes_per_batch
+        for chunk in searches(
+            system.factory, system.backend, task_list, planner, batch, seed=seed, values=values
+        ):
             if traces is not None:
                 for r in chunk:
                     traces.write(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -422,6 +422,25 @@ def search(
             SearchResult(task, answer, correct, shown.episode, len(played[p]), tokens[p], roots[p])
         )
     return results
+
+
+def searches(
+    factory: EpisodeFactory,
+    backend: GenerationBackend,
+    tasks: Sequence[Task],
+    settings: PlannerSettings,
+    episodes_per_batch: int,
+    *,
+    seed: int,
+    values: StateValues | None = None,
+) -> Iterator[list[SearchResult]]:
+    """`tasks` searched `episodes_per_batch // settings.parallel` problems at a time (each chunk's
+    simulations batched together), yielding each chunk's results: every problem samples as one search of
+    them all would (`first_problem`)."""
+    per_search = max(1, episodes_per_batch // settings.parallel)
+    for start in range(0, len(tasks), per_search):
+        chunk = tasks[start : start + per_search]
+        yield search(factory, backend, chunk, settings, seed=seed, first_problem=start, values=values)
 
 
 def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:

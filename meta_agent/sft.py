@@ -19,7 +19,7 @@ from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.evaluate import held_out_accuracy
-from meta_agent.planning import head_values, search, searched_plans
+from meta_agent.planning import head_values, searched_plans, searches
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
@@ -69,20 +69,10 @@ def search_demos(cfg: Config, system: System) -> list[Episode]:
     meta = meta_thinker(system.roles)
     assert meta is not None, "Config refuses planner.name=mcts without a meta-thinker"
     tasks = load_tasks(cfg.train.task, "train", limit=cfg.sft.examples, seed=cfg.seed)
-    per_search = max(1, cfg.eval.episodes_per_batch // cfg.planner.parallel)
     values = head_values(system.backbone, cfg.planner)
-    results = []
-    for start in range(0, len(tasks), per_search):
-        chunk = tasks[start : start + per_search]
-        results += search(
-            system.factory,
-            system.backend,
-            chunk,
-            cfg.planner,
-            seed=cfg.seed,
-            first_problem=start,
-            values=values,
-        )
+    batch = cfg.eval.episodes_per_batch
+    chunks = searches(system.factory, system.backend, tasks, cfg.planner, batch, seed=cfg.seed, values=values)
+    results = [r for chunk in chunks for r in chunk]
     kept = searched_plans(results, meta.name)
     console.print(
         f"searched {len(results)} problems: {sum(r.correct for r in results)} chosen answers right, "
