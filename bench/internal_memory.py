@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,9 +35,8 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info
 from bench.learning import parse_seeds, run
-from bench.planning import Recorder
+from bench.planning import greedy_episodes
 from meta_agent.config import load_config
-from meta_agent.evaluate import evaluate
 from meta_agent.stats import mean_interval, paired_difference, seed_interval
 from meta_agent.system import build_system
 from meta_agent.tasks import load_tasks
@@ -111,18 +110,8 @@ def evaluated(seed: int, mode: str, adapters: Path, args: argparse.Namespace) ->
     )
     tasks = {cfg.train.eval_task: load_tasks(cfg.train.eval_task, "test", limit=args.limit, seed=seed)}
     system = build_system(cfg)
-    played = Recorder()
-    started = time.perf_counter()
     try:
-        scores = evaluate(
-            system,
-            tasks,
-            replace(cfg.eval, samples=1, temperature=0.0),
-            seed=seed,
-            traces=played,
-            write_lessons=False,
-            final_reflection=False,
-        )
+        played, scores, seconds = greedy_episodes(cfg, system, tasks, seed, final_reflection=False)
     finally:
         system.close()
     score = scores[cfg.train.eval_task]
@@ -139,7 +128,7 @@ def evaluated(seed: int, mode: str, adapters: Path, args: argparse.Namespace) ->
             any("<notes>" in t.text and "</notes>" in t.text for t in ep.turns) for ep in episodes
         ),
         "reflection": {k: score.reflection.get(f"reflection/{k}") for k in REFLECTION_KEPT},
-        "eval_seconds": round(time.perf_counter() - started, 1),
+        "eval_seconds": round(seconds, 1),
     }
 
 

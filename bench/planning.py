@@ -95,25 +95,34 @@ class Recorder:
         self.extra += [extra] * len(episodes)
 
 
+def greedy_episodes(
+    cfg: Config, system, tasks: dict, seed: int, *, final_reflection: bool
+) -> tuple[Recorder, dict, float]:
+    """One greedy episode per problem of `tasks`, writing no lessons: the episodes played (in a Recorder),
+    the scores by task and the seconds it took."""
+    played = Recorder()
+    started = time.perf_counter()
+    scores = evaluate(
+        system,
+        tasks,
+        replace(cfg.eval, samples=1, temperature=0.0),
+        seed=seed,
+        traces=played,
+        write_lessons=False,
+        final_reflection=final_reflection,
+    )
+    return played, scores, time.perf_counter() - started
+
+
 def run_seed(
     cfg: Config, system, seed: int, budgets: list[int], limit: int, temperature: float | None = None
 ) -> dict:
     task = cfg.train.eval_task
     tasks = {task: load_tasks(task, "test", limit=limit, seed=seed)}
     out = {}
-    greedy = Recorder()
-    started = time.perf_counter()
     # The last round's reflection can change no answer: every arm skips it, as the search does with votes.
     last = cfg.planner.value == "verdict"
-    evaluate(
-        system,
-        tasks,
-        replace(cfg.eval, samples=1, temperature=0.0),
-        seed=seed,
-        traces=greedy,
-        final_reflection=last,
-    )
-    greedy_s = time.perf_counter() - started
+    greedy, _, greedy_s = greedy_episodes(cfg, system, tasks, seed, final_reflection=last)
     for n in budgets:
         sampled = Recorder()
         started = time.perf_counter()
