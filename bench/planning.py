@@ -32,9 +32,10 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.config import load_config
-from meta_agent.evaluate import evaluate, normal_answer
+from meta_agent.evaluate import evaluate
+from meta_agent.planning import build_planner
 from meta_agent.settings import Config
-from meta_agent.stats import mean_interval, paired_difference
+from meta_agent.stats import majority, mean_interval, normal_answer, paired_difference
 from meta_agent.system import build_system
 from meta_agent.tasks import load_tasks
 
@@ -68,20 +69,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def per_problem(episodes, samples: int) -> tuple[list[float], list[float], list[int]]:
     """Per problem of `samples` consecutive episodes: the mean accuracy, the majority answer's
     correctness and the generated tokens."""
-    mean, majority, tokens = [], [], []
+    mean, chosen, tokens = [], [], []
     for k in range(0, len(episodes), samples):
         group = episodes[k : k + samples]
         mean.append(sum(ep.correct for ep in group) / len(group))
-        votes: dict[str, list] = {}
-        for ep in group:
-            answer = normal_answer(ep.final_answer)
-            if answer is not None:
-                votes.setdefault(answer, []).append(ep)
-        top = max(votes.values(), key=len) if votes else []
-        first = next((ep for ep in group if top and ep in top), None)  # ties: the first sampled answer
-        majority.append(float(first.correct) if first is not None else 0.0)
+        first = majority([normal_answer(ep.final_answer) for ep in group])  # ties: the first sampled
+        chosen.append(float(group[first].correct) if first is not None else 0.0)
         tokens.append(sum(t.generated_tokens for ep in group for t in ep.turns))
-    return mean, majority, tokens
+    return mean, chosen, tokens
 
 
 class Recorder:
@@ -131,8 +126,15 @@ def run_seed(
         sampling_s = time.perf_counter() - started
         mean, majority, tokens = per_problem(sampled.episodes, n)
         budget = max(1, round(sum(tokens) / len(tokens)))
-        planner = replace(
-            cfg.planner, name="mcts", simulations=max(n * 4, 8), max_tokens=budget, temperature=temperature
+        planner = build_planner(
+            replace(
+                cfg.planner,
+                name="mcts",
+                simulations=max(n * 4, 8),
+                max_tokens=budget,
+                temperature=temperature,
+            ),
+            system.backbone,
         )
         searched = Recorder()
         started = time.perf_counter()

@@ -28,7 +28,7 @@ from meta_agent.config import commented_yaml, compose_config, config_of_run, loa
 from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.errors import SettingError, UserError
 from meta_agent.evaluate import evaluate
-from meta_agent.planning import head_values, search
+from meta_agent.planning import build_planner
 from meta_agent.probe import mixed_slots, probe, write_probe
 from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.report import write_report
@@ -40,6 +40,7 @@ from meta_agent.tables import accuracy_table, reflection_table, seed_table
 from meta_agent.tasks import Task, load_tasks
 from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
+from roles import META_THINKER
 from training.backbone import Backbone
 from training.checkpoint import CHECKPOINTS_DIR, CheckpointError, latest_checkpoint, resolve_resume
 from training.distributed import Ranks
@@ -61,8 +62,8 @@ commands:
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
   demos              write sft.examples demonstrations of sft.source (arith | arith_distract | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on; with planner.name=mcts
-                     and adapters=RUN: the plans the tree search chose where it answered right (train.task's
-                     train split), as targets for the meta-thinker
+                     (or best_of_n) and adapters=RUN: the plans of the episodes the planner chose where it
+                     answered right (train.task's train split), as targets for the meta-thinker
   probe              counterfactual arms (plan removed, another problem's plan, no reflection, two
                      checkpoints' roles mixed, executors alone) against the hierarchy; probe.json, probe.md
   report RUN_DIR     an HTML report of a run: figures of its metrics, episodes round by round
@@ -179,11 +180,9 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     check_fits(len(episode.request().prompt_ids), cfg.protocol.max_new_tokens, context_length(system))
     extra = {}
     with console.status("thinking"):
-        if cfg.planner.name == "mcts":  # the shown episode is one of the search's, its answer the search's
-            values = head_values(system.backbone, cfg.planner)
-            [found] = search(
-                system.factory, system.backend, [task], cfg.planner, seed=cfg.seed, values=values
-            )
+        planner = build_planner(cfg.planner, system.backbone)
+        if planner is not None:  # the shown episode is one of the search's, its answer the search's
+            [found] = planner.search(system.factory, system.backend, [task], seed=cfg.seed)
             episode = found.episode
             extra = {"search": found.tree.as_dict(), "simulations": found.simulations}
         else:
@@ -272,12 +271,13 @@ def cmd_eval(overrides: list[str]) -> int:
     columns = [TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     traces = TraceWriter(run_dir / "traces.jsonl")
     runs = {}
+    planner = build_planner(cfg.planner, system.backbone)
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("eval", total=total)
         for seed in seeds:  # the same problems, sampled with each seed
             advance = lambda n: progress.advance(bar, n)  # noqa: E731
             runs[seed] = evaluate(
-                system, tasks, cfg.eval, seed=seed, traces=traces, on_batch=advance, planner=cfg.planner
+                system, tasks, cfg.eval, seed=seed, traces=traces, on_batch=advance, planner=planner
             )
     system.close()
     roles = ", ".join(r.name for r in system.roles)
@@ -354,11 +354,16 @@ def cmd_probe(overrides: list[str]) -> int:
 
 def cmd_demos(overrides: list[str]) -> int:
     cfg = load_config(overrides)
-    searched = cfg.planner.name == "mcts"
+    searched = cfg.planner.name != "none"
     if searched and not cfg.adapters:
         raise SettingError(
-            "meta-agent demos planner.name=mcts searches with trained roles: give them with adapters=RUN "
-            "(a run folder, a checkpoint or an adapters folder)"
+            f"meta-agent demos planner.name={cfg.planner.name} searches with trained roles: give them with "
+            "adapters=RUN (a run folder, a checkpoint or an adapters folder)"
+        )
+    if searched and not any(r.kind == META_THINKER for r in cfg.roles.values()):
+        raise SettingError(
+            f"meta-agent demos planner.name={cfg.planner.name} writes the meta-thinker's plans, and these roles "
+            "have none: pick roles with a meta-thinker (roles=hierarchy)"
         )
     if not searched and demo_path(cfg.sft.source) is not None:
         raise SettingError(

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from meta_agent.episode import Episode
-from meta_agent.planning import PlannerSettings, head_values, searches
+from meta_agent.planning import Planner, searches
 from meta_agent.rank_protocol import commit_lessons
 from meta_agent.reflection import reflected, reflection_metrics
 from meta_agent.runner import play
 from meta_agent.settings import EvalSettings
-from meta_agent.stats import majority, mean_interval, pass_at_k
+from meta_agent.stats import majority, mean_interval, normal_answer, pass_at_k
 from meta_agent.system import System
 from meta_agent.tasks import Task
 from meta_agent.trace import TraceWriter
@@ -96,13 +96,6 @@ def score(name: str, episodes: Sequence[Episode], samples: int = 1) -> TaskScore
     )
 
 
-def normal_answer(answer: str | None) -> str | None:
-    """An answer as majority voting compares it: without spaces, thousands commas and a final period."""
-    if answer is None:
-        return None
-    return "".join(answer.split()).replace(",", "").rstrip(".") or None
-
-
 def evaluate(
     system: System,
     tasks: Mapping[str, Sequence[Task]],
@@ -114,7 +107,7 @@ def evaluate(
     write_lessons: bool | None = None,
     final_reflection: bool = True,
     ranks: Ranks | None = None,
-    planner: PlannerSettings | None = None,
+    planner: Planner | None = None,
 ) -> dict[str, TaskScore]:
     """`settings.samples` episodes per problem, played `settings.episodes_per_batch` at a time: greedy
     at `settings.temperature` 0 with one sample; with more, each role samples at its own temperature
@@ -123,9 +116,10 @@ def evaluate(
     Lessons are committed per batch when `write_lessons` (default `settings.write_lessons`); held-out
     evaluation during training never writes what it saw of the test set into the memory it trains with.
     `final_reflection=False` skips the last round's reflection, which cannot change an answer.
-    `planner` with name mcts answers each problem by tree search (searched, below) instead.
+    A `planner` (meta_agent.planning.build_planner's, or a researcher's own Planner) answers each problem
+    with several episodes instead (searched, below).
     """
-    if planner is not None and planner.name == "mcts":
+    if planner is not None:
         return searched(system, tasks, settings, planner, seed=seed, traces=traces, on_batch=on_batch)
     write = settings.write_lessons if write_lessons is None else write_lessons
     ranks = ranks or Ranks()
@@ -155,25 +149,22 @@ def searched(
     system: System,
     tasks: Mapping[str, Sequence[Task]],
     settings: EvalSettings,
-    planner: PlannerSettings,
+    planner: Planner,
     *,
     seed: int,
     traces: TraceWriter | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> dict[str, TaskScore]:
-    """Each problem answered by meta_agent.planning.search, `settings.episodes_per_batch // planner.parallel`
+    """Each problem answered by `planner` (meta_agent.planning), `settings.episodes_per_batch // planner.parallel`
     problems searched together. A score counts the chosen answers; its episodes are the simulations shown
     for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`).
     A search writes no lessons (its simulations would read each other's) and plays the last round's
-    reflection only for planner.value=verdict."""
-    values = head_values(system.backbone, planner)
+    reflection only for planner.value=verdict (the built-in planners)."""
     scores = {}
     for name, task_list in tasks.items():
         results = []
         batch = settings.episodes_per_batch
-        for chunk in searches(
-            system.factory, system.backend, task_list, planner, batch, seed=seed, values=values
-        ):
+        for chunk in searches(planner, system.factory, system.backend, task_list, batch, seed=seed):
             if traces is not None:
                 for r in chunk:
                     traces.write(

@@ -20,14 +20,25 @@ accepted an answer: the policy's own judgement) or `head` (the executor's value 
 Q-value estimate of that node, `head_values`). The answer is the majority answer of the simulations
 through the most visited plan. Simulations of every problem are played `parallel` at a time in one
 batch (pending ones count as visits of value 0, so a wave spreads over the tree).
+
+`planner.name=best_of_n` is the same loop without selection: every simulation starts at the question,
+so its N episodes are N independent samples (the seeds `meta-agent eval eval.samples=N` would draw), and
+the answer is the majority of all of them (self-consistency); the tree shows the plans they wrote.
+
+Eval, solve and `meta-agent demos` reach a planner through one small interface, `Planner` (`name`,
+`parallel`, `search(factory, backend, tasks, seed=, first_problem=)`), with a conformance check,
+`check_planner`: a researcher's own planner passes it and goes where `build_planner`'s does
+(`evaluate(..., planner=...)`, `searches(planner, ...)`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -35,13 +46,14 @@ from meta_agent.episode import Episode
 from meta_agent.episode_records import EXECUTE, PLAN, REFLECT
 from meta_agent.errors import SettingError
 from meta_agent.runner import EpisodeFactory, next_requests
+from meta_agent.stats import majority, normal_answer
 from meta_agent.tasks import Task
 from training.backbone import Backbone
 from training.checkpoint import load_value_heads
 from training.types import GenerationBackend
 from training.value import prompt_states
 
-PLANNERS = ("none", "mcts")
+PLANNERS = ("none", "mcts", "best_of_n")
 VALUES = ("votes", "verdict", "head")
 
 
@@ -50,14 +62,16 @@ class PlannerSettings:
     """The `planner:` settings: tree search over the meta-thinker's plans in eval and solve, and in `meta-agent
     demos` (the searched plans as the meta-thinker's demonstrations)."""
 
-    name: str = "none"  # none (one episode per problem) | mcts (the search in meta_agent/planning.py)
+    # none (one episode per problem) | mcts (the tree search in meta_agent/planning.py) | best_of_n (the
+    # majority answer of `simulations` independent episodes: self-consistency)
+    name: str = "none"
     simulations: int = 8  # episodes per problem (the search's budget) ...
     max_tokens: int | None = None  # ... or generated tokens per problem, whichever ends first (null: none)
     parallel: int = 4  # simulations of one problem played together in a batch
     c_puct: float = 1.0  # weight of the prior against a child's mean value
     widening: float = 0.5  # a node takes another child while it has fewer than ceil(visits ** widening)
-    # votes (agreement with the other simulations' answers) | verdict (accepted) | head (the executor's value
-    # head on the state after the plan or revision: a grpo.advantage=gae run's, planner.value_heads)
+    # mcts: votes (agreement with the other simulations' answers) | verdict (accepted) | head (the executor's
+    # value head on the state after the plan or revision: a grpo.advantage=gae run's, planner.value_heads)
     value: str = "votes"
     # value=head: the checkpoint or run folder of a grpo.advantage=gae run whose heads value the states;
     # null: the adapters= one
@@ -83,6 +97,11 @@ class PlannerSettings:
             )
         if not 0.0 <= self.widening <= 1.0:
             raise ValueError(f"planner.widening must be in [0, 1], got {self.widening}")
+        if self.name == "best_of_n" and self.value != "votes":
+            raise ValueError(
+                f"planner.value={self.value} chooses among plans in the tree search: planner.name=best_of_n "
+                "answers by the majority of its episodes (planner.value=votes)"
+            )
 
 
 @dataclass(frozen=True)
@@ -165,13 +184,6 @@ def select(root: Node, settings: PlannerSettings) -> list[Node]:
     return path
 
 
-def normal(answer: str | None) -> str | None:
-    """An answer as votes compare it: no spaces, no thousands commas, no final period."""
-    if answer is None:
-        return None
-    return "".join(answer.split()).replace(",", "").rstrip(".") or None
-
-
 # Values of states, each given as (the role whose turn it is, its prompt's token ids): planner.value=head's
 StateValues = Callable[[Sequence[tuple[str, Sequence[int]]]], list[float]]
 
@@ -223,12 +235,12 @@ def leaf_state(sim: Simulation) -> tuple[str, tuple[int, ...]] | None:
 def episode_value(ep: Episode, answers: Sequence[str | None], how: str) -> float:
     """`ep`'s value: votes, the share of `answers` (the problem's answered simulations, its own among
     them) equal to its answer; verdict, 1 when its last reflection accepted an answer."""
-    mine = normal(ep.final_answer)
+    mine = normal_answer(ep.final_answer)
     if mine is None:
         return 0.0
     if how == "verdict":
         return 1.0 if ep.rounds and ep.rounds[-1].verdict == "accept" else 0.0
-    counted = [a for a in (normal(x) for x in answers) if a is not None]
+    counted = [a for a in (normal_answer(x) for x in answers) if a is not None]
     return counted.count(mine) / len(counted) if counted else 0.0
 
 
@@ -310,13 +322,20 @@ def grow(sim: Simulation) -> list[Node]:
 def revalue(root: Node) -> None:
     """Votes values of every node from the answers now through the root: each simulation's value is the
     share of the answered simulations that reached its answer (0 for none), as if all were backed up now."""
-    counted = [a for a in (normal(x) for x in root.answers) if a is not None]
+    counted = [a for a in (normal_answer(x) for x in root.answers) if a is not None]
     share = {a: counted.count(a) / len(counted) for a in set(counted)} if counted else {}
     stack = [root]
     while stack:
         node = stack.pop()
-        node.value_sum = sum(share.get(normal(a), 0.0) for a in node.answers)
+        node.value_sum = sum(share.get(normal_answer(a), 0.0) for a in node.answers)
         stack.extend(node.children)
+
+
+def majority_answer(answers: Sequence[str | None]) -> str | None:
+    """The most frequent answer as `normal_answer` compares them (ties: the first given), None when none."""
+    normal = [normal_answer(a) for a in answers]
+    first = majority(normal)
+    return None if first is None else normal[first]
 
 
 def choose(root: Node) -> tuple[Node, str | None]:
@@ -324,10 +343,7 @@ def choose(root: Node) -> tuple[Node, str | None]:
     if not root.children:
         return root, None
     best = max(root.children, key=lambda c: (c.visits, c.value))
-    votes = Counter(a for a in (normal(x) for x in best.answers) if a is not None)
-    if not votes:
-        return best, None
-    return best, votes.most_common(1)[0][0]
+    return best, majority_answer(best.answers)
 
 
 def wave_size(settings: PlannerSettings, done: int, spent: int) -> int:
@@ -361,7 +377,9 @@ def search(
     Problem p samples with the seeds of problem `first_problem + p`: a search of a later chunk of problems
     draws what one search of them all would.
     The last round's reflection, which can change no answer, is played only for the `verdict` value.
-    `values` gives planner.value=head its state values (head_values)."""
+    `values` gives planner.value=head its state values (head_values). With settings.name best_of_n no
+    simulation is selected: each starts at the question, and the answer is the majority of all."""
+    flat = settings.name == "best_of_n"
     final_reflection = settings.value == "verdict"
     roots = [Node("root") for _ in tasks]
     played: list[list[Simulation]] = [[] for _ in tasks]
@@ -371,7 +389,9 @@ def search(
         for p, task in enumerate(tasks):
             count = wave_size(settings, len(played[p]), tokens[p])
             for _ in range(count):
-                path = select(roots[p], settings)
+                path = [roots[p]] if flat else select(roots[p], settings)
+                if flat:
+                    roots[p].pending += 1
                 start = path[-1].segments
                 ep = fork(factory, task, start, final_reflection)
                 done = len(played[p]) + sum(s.problem == p for s in wave)
@@ -414,9 +434,9 @@ def search(
             on_wave(len(wave))
     results = []
     for p, task in enumerate(tasks):
-        best, answer = choose(roots[p])
+        best, answer = (roots[p], majority_answer(roots[p].answers)) if flat else choose(roots[p])
         through = [s for s in played[p] if any(n is best for n in s.path)]
-        shown = next((s for s in through if normal(s.episode.final_answer) == answer), through[0])
+        shown = next((s for s in through if normal_answer(s.episode.final_answer) == answer), through[0])
         correct = answer is not None and shown.episode.correct
         results.append(
             SearchResult(task, answer, correct, shown.episode, len(played[p]), tokens[p], roots[p])
@@ -424,23 +444,154 @@ def search(
     return results
 
 
+@runtime_checkable
+class Planner(Protocol):
+    """How eval, solve and `meta-agent demos` answer a problem with several episodes instead of one
+    (check_planner is its conformance check). `search` plays episodes of each task with the factory and
+    the backend and returns one SearchResult per task, in order, without reading the answer key; problem p
+    samples with the seeds of problem `first_problem + p`, so searching a later chunk of problems draws what
+    one search of them all would. The same seed gives the same results."""
+
+    name: str
+    parallel: (
+        int  # episodes of one problem played together: `searches` puts batch // parallel problems in one
+    )
+
+    def search(
+        self,
+        factory: EpisodeFactory,
+        backend: GenerationBackend,
+        tasks: Sequence[Task],
+        *,
+        seed: int,
+        first_problem: int = 0,
+    ) -> list[SearchResult]: ...
+
+
+class Search:
+    """The built-in planners, `planner.name` mcts and best_of_n, as a Planner: `search` above with these
+    settings (and planner.value=head's state values)."""
+
+    def __init__(self, settings: PlannerSettings, values: StateValues | None = None):
+        if settings.name == "none":
+            raise ValueError("planner.name=none plays one episode per problem: it has no Search")
+        self.settings, self.values = settings, values
+        self.name, self.parallel = settings.name, settings.parallel
+
+    def search(
+        self,
+        factory: EpisodeFactory,
+        backend: GenerationBackend,
+        tasks: Sequence[Task],
+        *,
+        seed: int,
+        first_problem: int = 0,
+    ) -> list[SearchResult]:
+        return search(
+            factory, backend, tasks, self.settings, seed=seed, first_problem=first_problem, values=self.values
+        )
+
+
+def build_planner(settings: PlannerSettings, backbone: Backbone) -> Planner | None:
+    """The `planner:` settings' planner (None for planner.name=none); value=head loads its heads here."""
+    if settings.name == "none":
+        return None
+    return Search(settings, head_values(backbone, settings))
+
+
 def searches(
+    planner: Planner,
     factory: EpisodeFactory,
     backend: GenerationBackend,
     tasks: Sequence[Task],
-    settings: PlannerSettings,
     episodes_per_batch: int,
     *,
     seed: int,
-    values: StateValues | None = None,
 ) -> Iterator[list[SearchResult]]:
-    """`tasks` searched `episodes_per_batch // settings.parallel` problems at a time (each chunk's
+    """`tasks` searched `episodes_per_batch // planner.parallel` problems at a time (each chunk's
     simulations batched together), yielding each chunk's results: every problem samples as one search of
     them all would (`first_problem`)."""
-    per_search = max(1, episodes_per_batch // settings.parallel)
+    per_search = max(1, episodes_per_batch // planner.parallel)
     for start in range(0, len(tasks), per_search):
         chunk = tasks[start : start + per_search]
-        yield search(factory, backend, chunk, settings, seed=seed, first_problem=start, values=values)
+        yield planner.search(factory, backend, chunk, seed=seed, first_problem=start)
+
+
+def check_planner(
+    planner: Planner,
+    factory: EpisodeFactory,
+    backend: GenerationBackend,
+    tasks: Sequence[Task],
+    seed: int = 0,
+) -> None:
+    """Raises AssertionError naming the first broken promise of the Planner protocol on `tasks` (at least
+    two, searched with `factory` and a `backend` whose samples follow their seeds):
+    - one SearchResult per task, in order, each with at least one simulation, a whole number of generated
+      tokens and a tree whose root counts every simulation and that the traces can write as JSON;
+    - the shown episode is of its task, finished, and reaches the chosen answer (or there is none), and
+      `correct` is that answer's grade;
+    - the same seed gives the same answers and tokens; a later chunk (`first_problem`) draws what one
+      search of all the tasks drew for it;
+    - the answers do not depend on the answer key (the tasks searched again with wrong gold answers).
+    """
+    tasks = list(tasks)
+    if len(tasks) < 2:
+        raise ValueError("check_planner() needs at least two tasks")
+    _require(isinstance(planner, Planner), f"{planner!r} lacks a member of the Planner protocol")
+    _require(
+        isinstance(planner.parallel, int) and planner.parallel >= 1, "parallel must be a whole number >= 1"
+    )
+    results = planner.search(factory, backend, tasks, seed=seed)
+    _require(
+        isinstance(results, list) and len(results) == len(tasks),
+        f"search gave {len(results) if isinstance(results, list) else results!r} results for {len(tasks)} tasks",
+    )
+    for task, r in zip(tasks, results, strict=True):
+        _require(isinstance(r, SearchResult), f"search gave {type(r).__name__}, not a SearchResult")
+        _require(r.task.id == task.id, f"results out of order: {r.task.id} where {task.id} was searched")
+        _require(r.simulations >= 1, f"{task.id}: {r.simulations} simulations")
+        _require(
+            isinstance(r.generated_tokens, int) and r.generated_tokens >= 0,
+            f"{task.id}: generated_tokens {r.generated_tokens!r}",
+        )
+        _require(isinstance(r.tree, Node), f"{task.id}: the tree is a {type(r.tree).__name__}, not a Node")
+        _require(
+            r.tree.visits == r.simulations,
+            f"{task.id}: the root counts {r.tree.visits} visits for {r.simulations} simulations",
+        )
+        json.dumps(r.tree.as_dict())  # what the traces write
+        ep = r.episode
+        _require(
+            isinstance(ep, Episode) and ep.task.id == task.id, f"{task.id}: the shown episode is not its own"
+        )
+        _require(ep.done, f"{task.id}: the shown episode is unfinished")
+        if r.answer is not None:
+            _require(
+                normal_answer(ep.final_answer) == normal_answer(r.answer),
+                f"{task.id}: the shown episode answers {ep.final_answer!r}, the search chose {r.answer!r}",
+            )
+        _require(
+            r.correct == (r.answer is not None and ep.correct),
+            f"{task.id}: correct is {r.correct} for the answer {r.answer!r}",
+        )
+    answers = [(r.answer, r.generated_tokens) for r in results]
+    again = planner.search(factory, backend, tasks, seed=seed)
+    _require([(r.answer, r.generated_tokens) for r in again] == answers, "the same seed searched differently")
+    later = planner.search(factory, backend, tasks[1:], seed=seed, first_problem=1)
+    _require(
+        [(r.answer, r.generated_tokens) for r in later] == answers[1:],
+        "a later chunk (first_problem=1) searched differently from one search of all the tasks",
+    )
+    blind = [replace(t, answer=f"{t.answer}0") for t in tasks]  # a different number for every gold answer
+    _require(
+        [r.answer for r in planner.search(factory, backend, blind, seed=seed)] == [a for a, _ in answers],
+        "the answers changed with the answer key: a planner may not read task.answer",
+    )
+
+
+def _require(condition: bool, rule: str) -> None:
+    if not condition:
+        raise AssertionError(f"Planner conformance: {rule}")
 
 
 def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:

@@ -213,7 +213,7 @@ class Config:
     probe: ProbeSettings = field(default_factory=ProbeSettings)  # meta-agent probe: counterfactual arms
     planner: PlannerSettings = field(
         default_factory=PlannerSettings
-    )  # eval, solve and `meta-agent demos`: tree search over plans
+    )  # eval, solve and `meta-agent demos`: tree search over plans, or the majority of N episodes
     question: str | None = None  # the question for `meta-agent solve`
     resume: str | None = None  # meta-agent train ... resume=<run folder or checkpoint>: continue exactly
     # trained role adapters for eval, solve and train: a folder of <role>/ adapters
@@ -254,10 +254,10 @@ class Config:
                     "checkpoint or run folder with planner.value_heads=... (or adapters=...)"
                 )
             self.planner.value_heads = self.adapters  # its default; load_value_heads names both
-        if self.planner.name == "mcts" and self.eval.samples > 1:
+        if self.planner.name != "none" and self.eval.samples > 1:
             raise ValueError(
-                "planner.name=mcts answers each problem once, by search (planner.simulations episodes): set "
-                "eval.samples=1 with it"
+                f"planner.name={self.planner.name} answers each problem once, from planner.simulations "
+                "episodes: set eval.samples=1 with it"
             )
         if self.grpo.advantage == "gae" and self.model.fsdp:
             # The value pass is a forward pass per micro-batch, which a sharded backbone runs as a

@@ -19,7 +19,7 @@ from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
 from meta_agent.evaluate import held_out_accuracy
-from meta_agent.planning import head_values, searched_plans, searches
+from meta_agent.planning import build_planner, searched_plans, searches
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
@@ -62,16 +62,17 @@ def generate_demos(cfg: Config, system: System) -> list[Episode]:
 
 
 def search_demos(cfg: Config, system: System) -> list[Episode]:
-    """Searched plans as demonstrations (`meta-agent demos planner.name=mcts adapters=...`): the first
+    """Searched plans as demonstrations (`meta-agent demos planner.name=mcts|best_of_n adapters=...`): the first
     `sft.examples` problems of `train.task`'s train split (drawn by `seed`), each searched with the
     `planner:` settings by the loaded roles; the plans (and revisions) of the searches whose chosen answer
     was right, as meta_agent.planning.searched_plans keeps them."""
     meta = meta_thinker(system.roles)
-    assert meta is not None, "Config refuses planner.name=mcts without a meta-thinker"
+    assert meta is not None, "cmd_demos refuses a planner without a meta-thinker"
     tasks = load_tasks(cfg.train.task, "train", limit=cfg.sft.examples, seed=cfg.seed)
-    values = head_values(system.backbone, cfg.planner)
+    planner = build_planner(cfg.planner, system.backbone)
+    assert planner is not None, "cmd_demos searches only with a planner"
     batch = cfg.eval.episodes_per_batch
-    chunks = searches(system.factory, system.backend, tasks, cfg.planner, batch, seed=cfg.seed, values=values)
+    chunks = searches(planner, system.factory, system.backend, tasks, batch, seed=cfg.seed)
     results = [r for chunk in chunks for r in chunk]
     kept = searched_plans(results, meta.name)
     console.print(

@@ -25,6 +25,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def normal_answer(answer: str | None) -> str | None:
+    """An answer as majority voting compares it: without spaces, thousands commas and a final period."""
+    if answer is None:
+        return None
+    return "".join(answer.split()).replace(",", "").rstrip(".") or None
+
+
 def majority(answers: Sequence[Hashable | None]) -> int | None:
     """The index of the first sample whose answer is the most common one (None answers do not vote)."""
     counts: dict[Hashable, int] = {}

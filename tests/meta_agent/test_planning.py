@@ -4,6 +4,7 @@ whole searches on real episodes with a scripted backend whose plans differ in ho
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,9 @@ from meta_agent.errors import SettingError
 from meta_agent.planning import (
     Node,
     PlannerSettings,
+    Search,
+    SearchResult,
+    check_planner,
     choose,
     episode_value,
     leaf_state,
@@ -21,11 +25,13 @@ from meta_agent.planning import (
     puct,
     search,
     searched_plans,
+    searches,
     select,
 )
-from meta_agent.runner import EpisodeFactory
+from meta_agent.runner import EpisodeFactory, play
+from meta_agent.stats import majority, normal_answer
 from meta_agent.tasks import grade
-from tests.meta_agent.conftest import TASK, answer
+from tests.meta_agent.conftest import TASK, TASKS, answer
 from training.types import GenerationResult
 
 GOOD = "<plan>1. Multiply the crates by the bolts. 2. Add the rest.</plan>"
@@ -170,10 +176,10 @@ def test_planner_settings_are_checked():
         load_config(["planner.simulations=0"])
 
 
-@pytest.mark.slow  # two CLI runs on the tiny model, about 20 s
+@pytest.mark.slow  # three CLI runs on the tiny model, about 30 s
 def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_path):
     """meta-agent eval planner.name=mcts: one trace per problem with its tree, the tokens of every
-    simulation in eval.json; solve shows the search's episode."""
+    simulation in eval.json; solve shows the search's episode; best_of_n goes the same way."""
     import json
 
     from tests.meta_agent.test_cli import run_cli
@@ -205,6 +211,12 @@ def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_pa
     )
     assert solved.returncode == 0, solved.stderr + solved.stdout
     assert "searched 3 episodes over" in solved.stdout
+    best_dir = tmp_path / "best"
+    common[3] = "planner.name=best_of_n"
+    proc = run_cli("eval", *common, "eval.limit=2", f"run_dir={best_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    traces = [json.loads(line) for line in (best_dir / "traces.jsonl").read_text().splitlines()]
+    assert [t["simulations"] for t in traces] == [3, 3] and traces[0]["search"]["visits"] == 3
 
 
 def test_a_search_answers_once_per_problem_and_needs_a_meta_thinker():
@@ -325,7 +337,7 @@ def test_search_demos_write_the_plans_that_sft_reads_back(role_sets, chat, regis
     assert [chat.decode_raw(t.completion_ids) for t in turns] == [GOOD, ACCEPT] * 3
 
 
-def test_demos_by_search_need_trained_roles(tmp_path):
+def test_demos_by_search_need_trained_roles_with_a_meta_thinker(tmp_path):
     from tests.meta_agent.test_cli import run_cli
 
     proc = run_cli("demos", "planner.name=mcts", f"run_dir={tmp_path / 'r'}", cwd=tmp_path)
@@ -334,6 +346,16 @@ def test_demos_by_search_need_trained_roles(tmp_path):
         "planner.name=mcts searches with trained roles: give them with adapters=RUN"
         in proc.stderr + proc.stdout
     )
+    single = run_cli(
+        "demos",
+        "planner.name=best_of_n",
+        "roles=single_agent",
+        "adapters=x",
+        f"run_dir={tmp_path / 's'}",
+        cwd=tmp_path,
+    )
+    assert single.returncode != 0
+    assert "writes the meta-thinker's plans, and these roles have none" in single.stderr + single.stdout
 
 
 # ---- planner.value=head: the value of the state after a plan, from a value function -------------------
@@ -388,3 +410,127 @@ def test_value_head_needs_a_checkpoint_to_read_them_from():
         load_config(["planner.name=mcts", "planner.value=head"])
     cfg = load_config(["planner.name=mcts", "planner.value=head", "adapters=runs/gae"])
     assert cfg.planner.value_heads == "runs/gae"
+
+
+# ---- the Planner interface: best_of_n, a researcher's own planner, the conformance check ---------------
+
+
+OTHER = TASKS[1]
+
+
+@pytest.fixture
+def one_round(role_sets, chat, registry):
+    """No revision: a guessed plan's 7 stays the episode's answer, so samples disagree."""
+    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=1))
+
+
+def test_best_of_n_answers_the_majority_of_the_samples_eval_draws(one_round, chat):
+    """best_of_n's N episodes are the ones `eval.samples=N` plays (the same seeds), every one from the
+    question; its answer is their majority, its tree the plans they wrote."""
+    n = 5
+    settings = PlannerSettings(name="best_of_n", simulations=n, parallel=2)
+    results = search(one_round, Scripted(chat), [TASK, OTHER], settings, seed=3)
+    sampled = [one_round.new(t, final_reflection=False) for t in (TASK, OTHER) for _ in range(n)]
+    play(sampled, Scripted(chat), seed=3)
+    for p, r in enumerate(results):
+        mine = sampled[p * n : (p + 1) * n]
+        answers = [normal_answer(ep.final_answer) for ep in mine]
+        assert len(set(answers)) == 2, "the scripted samples should disagree"
+        assert r.answer == answers[majority(answers)]
+        assert r.correct == (r.answer == normal_answer(r.task.answer))
+        assert r.generated_tokens == sum(t.generated_tokens for ep in mine for t in ep.turns)
+        assert r.tree.visits == n and sum(c.visits for c in r.tree.children) == n
+        plans = [ep.turns[0].text for ep in mine]
+        assert {c.text: c.visits for c in r.tree.children} == {t: plans.count(t) for t in set(plans)}
+
+
+def test_best_of_n_is_refused_another_value():
+    with pytest.raises(SettingError, match="planner.name=best_of_n answers by the majority"):
+        load_config(["planner.name=best_of_n", "planner.value=verdict"])
+    with pytest.raises(SettingError, match="eval.samples=1"):
+        load_config(["planner.name=best_of_n", "eval.samples=4"])
+    assert load_config(["planner.name=best_of_n", "roles=single_agent"]).planner.name == "best_of_n"
+
+
+class FirstEpisode:
+    """A researcher's own planner, written against the Planner protocol alone: one episode per problem at
+    the roles' own temperatures, sampled with the seeds of the problem's index."""
+
+    name = "first_episode"
+    parallel = 1
+
+    def search(self, factory, backend, tasks, *, seed, first_problem=0):
+        episodes = [factory.new(t, final_reflection=False) for t in tasks]
+        play(episodes, backend, seed=seed, first_index=first_problem)
+        out = []
+        for t, ep in zip(tasks, episodes, strict=True):
+            root = Node("root", visits=1, answers=[ep.final_answer])
+            answer = normal_answer(ep.final_answer)
+            tokens = sum(turn.generated_tokens for turn in ep.turns)
+            out.append(SearchResult(t, answer, answer is not None and ep.correct, ep, 1, tokens, root))
+        return out
+
+
+def test_the_built_in_planners_and_a_researchers_own_pass_the_conformance_check(factory, one_round, chat):
+    for name in ("mcts", "best_of_n"):
+        planner = Search(PlannerSettings(name=name, simulations=6, parallel=3))
+        check_planner(planner, factory, Scripted(chat), [TASK, OTHER, TASK], seed=1)
+    check_planner(FirstEpisode(), one_round, Scripted(chat), [TASK, OTHER, TASK], seed=1)
+    # and goes where the built-in ones go: chunked as eval and demos chunk them
+    chunks = list(searches(FirstEpisode(), one_round, Scripted(chat), [TASK, OTHER, TASK], 2, seed=1))
+    assert [len(c) for c in chunks] == [2, 1]
+    whole = FirstEpisode().search(one_round, Scripted(chat), [TASK, OTHER, TASK], seed=1)
+    assert [r.answer for c in chunks for r in c] == [r.answer for r in whole]
+
+
+class Broken(FirstEpisode):
+    """FirstEpisode with one promise broken, by name."""
+
+    def __init__(self, flaw):
+        self.flaw, self.calls = flaw, 0
+
+    def search(self, factory, backend, tasks, *, seed, first_problem=0):
+        self.calls += 1
+        if self.flaw == "ignores first_problem":
+            first_problem = 0
+        out = super().search(factory, backend, tasks, seed=seed, first_problem=first_problem)
+        if self.flaw == "reads the answer key":  # abstains where the gold answer says it is wrong
+            out = [r if r.correct else replace(r, answer=None, correct=False) for r in out]
+        if self.flaw == "out of order":
+            out = out[::-1]
+        if self.flaw == "varies":
+            out = [replace(r, generated_tokens=r.generated_tokens + self.calls) for r in out]
+        if self.flaw == "shows another episode":
+            out = [replace(r, answer="12", correct=False) for r in out]
+        if self.flaw == "miscounts":
+            out = [replace(r, simulations=2) for r in out]
+        return out
+
+
+@pytest.mark.parametrize(
+    ("flaw", "caught"),
+    [
+        ("reads the answer key", "the answers changed with the answer key"),
+        ("out of order", "results out of order"),
+        ("varies", "the same seed searched differently"),
+        ("ignores first_problem", "a later chunk"),
+        ("shows another episode", "the shown episode answers"),
+        ("miscounts", "the root counts 1 visits for 2 simulations"),
+    ],
+)
+def test_the_conformance_check_catches_a_broken_planner(one_round, chat, flaw, caught):
+    with pytest.raises(AssertionError, match=caught):
+        # a backend that answers every problem right, for the planner that abstains where it is told wrong
+        backend = KnowsTheAnswers(chat, TASKS[:3]) if flaw == "reads the answer key" else Scripted(chat)
+        check_planner(Broken(flaw), one_round, backend, TASKS[:3], seed=1)
+
+
+def test_the_conformance_check_names_a_missing_member(one_round, chat):
+    class NoParallel:
+        name = "x"
+
+        def search(self, factory, backend, tasks, *, seed, first_problem=0):
+            return []
+
+    with pytest.raises(AssertionError, match="lacks a member of the Planner protocol"):
+        check_planner(NoParallel(), one_round, Scripted(chat), [TASK, OTHER])
