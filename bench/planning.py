@@ -124,7 +124,7 @@ def run_seed(
         sampling = replace(cfg.eval, samples=n, temperature=temperature or 0.0)  # 0: the roles' own
         evaluate(system, tasks, sampling, seed=seed, traces=sampled, final_reflection=last)
         sampling_s = time.perf_counter() - started
-        mean, majority, tokens = per_problem(sampled.episodes, n)
+        mean, voted, tokens = per_problem(sampled.episodes, n)
         budget = max(1, round(sum(tokens) / len(tokens)))
         planner = build_planner(
             replace(
@@ -146,14 +146,14 @@ def run_seed(
         out[str(n)] = {
             "greedy": arm([float(ep.correct) for ep in greedy.episodes], greedy.episodes, greedy_s),
             "sampling": {**arm(mean, None, sampling_s), "generated_tokens": sum(tokens)},
-            "best_of_n": {**arm(majority, None, sampling_s), "generated_tokens": sum(tokens)},
+            "best_of_n": {**arm(voted, None, sampling_s), "generated_tokens": sum(tokens)},
             "mcts": {
                 **arm(mcts, None, mcts_s),
                 "generated_tokens": scores[task].generated_tokens,
                 "simulations_mean": sum(e["simulations"] for e in searched.extra) / len(searched.extra),
                 "token_budget_per_problem": budget,
             },
-            "per_problem": {"mcts": mcts, "best_of_n": majority, "sampling": mean},
+            "per_problem": {"mcts": mcts, "best_of_n": voted, "sampling": mean},
         }
     return out
 

@@ -193,10 +193,13 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     console.print(Markdown(episode_markdown(episode)))
     if extra:
         plans = extra["search"]["children"]
+        how = (
+            f"the most visited plan ({max(c['visits'] for c in plans)} visits) answers by majority"
+            if cfg.planner.name == "mcts" and plans
+            else "the answer is their majority"
+        )
         console.print(
-            f"\nsearched {extra['simulations']} episodes over {len(plans)} plans; the most visited plan "
-            f"({max(c['visits'] for c in plans)} visits) answers by majority",
-            highlight=False,
+            f"\nsearched {extra['simulations']} episodes over {len(plans)} plans; {how}", highlight=False
         )
     console.print(f"\n[bold]answer:[/bold] {episode.final_answer}")
     console.print(f"trace: {run_dir / 'traces.jsonl'}")

@@ -1,6 +1,8 @@
-"""Planning by tree search (`planner.name=mcts`): the meta-thinker's plans and revisions are the nodes.
+"""Planning by tree search (`planner.name=mcts`): the meta-thinker's plans and revisions are the nodes;
+and best-of-N (`planner.name=best_of_n`), the same loop without selection.
 
-    results = search(system, tasks, PlannerSettings(name="mcts", simulations=8), seed=0)
+    planner = build_planner(PlannerSettings(name="mcts", simulations=8), system.backbone)
+    results = planner.search(system.factory, system.backend, tasks, seed=0)
     results[0].answer, results[0].correct, results[0].tree   # the chosen answer and the searched tree
 
 One problem's tree: the root is the question; its children are plans the meta-thinker wrote; a plan's
@@ -59,8 +61,8 @@ VALUES = ("votes", "verdict", "head")
 
 @dataclass
 class PlannerSettings:
-    """The `planner:` settings: tree search over the meta-thinker's plans in eval and solve, and in `meta-agent
-    demos` (the searched plans as the meta-thinker's demonstrations)."""
+    """The `planner:` settings: tree search over the meta-thinker's plans, or best-of-N episodes, in eval and
+    solve, and in `meta-agent demos` (the chosen plans as the meta-thinker's demonstrations)."""
 
     # none (one episode per problem) | mcts (the tree search in meta_agent/planning.py) | best_of_n (the
     # majority answer of `simulations` independent episodes: self-consistency)
@@ -175,9 +177,10 @@ def may_widen(node: Node, widening: float) -> bool:
 
 
 def select(root: Node, settings: PlannerSettings) -> list[Node]:
-    """The path from the root to the node the next simulation starts from, marked pending."""
+    """The path from the root to the node the next simulation starts from, marked pending (best_of_n: the
+    root, every time)."""
     path = [root]
-    while not may_widen(path[-1], settings.widening):
+    while settings.name != "best_of_n" and not may_widen(path[-1], settings.widening):
         path.append(puct(path[-1], settings.c_puct))
     for node in path:
         node.pending += 1
@@ -261,9 +264,11 @@ class Simulation:
 @dataclass
 class SearchResult:
     task: Task
-    answer: str | None  # the majority answer of the simulations through the most visited plan
+    # the chosen answer: mcts, the majority of the simulations through the most visited plan; best_of_n,
+    # of all of them
+    answer: str | None
     correct: bool  # that answer passes the task's verifier (the search never reads the answer key)
-    episode: Episode  # a simulation through that plan that reached that answer (the one to show)
+    episode: Episode  # the one to show: a simulation among those that reached that answer
     simulations: int
     generated_tokens: int  # by every simulation, replayed segments not counted
     tree: Node
@@ -389,9 +394,7 @@ def search(
         for p, task in enumerate(tasks):
             count = wave_size(settings, len(played[p]), tokens[p])
             for _ in range(count):
-                path = [roots[p]] if flat else select(roots[p], settings)
-                if flat:
-                    roots[p].pending += 1
+                path = select(roots[p], settings)
                 start = path[-1].segments
                 ep = fork(factory, task, start, final_reflection)
                 done = len(played[p]) + sum(s.problem == p for s in wave)
@@ -453,9 +456,8 @@ class Planner(Protocol):
     one search of them all would. The same seed gives the same results."""
 
     name: str
-    parallel: (
-        int  # episodes of one problem played together: `searches` puts batch // parallel problems in one
-    )
+    # episodes of one problem played together: `searches` puts batch // parallel problems in one batch
+    parallel: int
 
     def search(
         self,
@@ -527,9 +529,10 @@ def check_planner(
     """Raises AssertionError naming the first broken promise of the Planner protocol on `tasks` (at least
     two, searched with `factory` and a `backend` whose samples follow their seeds):
     - one SearchResult per task, in order, each with at least one simulation, a whole number of generated
-      tokens and a tree whose root counts every simulation and that the traces can write as JSON;
-    - the shown episode is of its task, finished, and reaches the chosen answer (or there is none), and
-      `correct` is that answer's grade;
+      tokens and a tree whose root counts every simulation, with no simulation left pending, that the
+      traces can write as JSON;
+    - the shown episode is of its task, finished, and answers the chosen answer (none when there is
+      none: eval scores the shown episode), and `correct` is that answer's grade;
     - the same seed gives the same answers and tokens; a later chunk (`first_problem`) draws what one
       search of all the tasks drew for it;
     - the answers do not depend on the answer key (the tasks searched again with wrong gold answers).
@@ -559,17 +562,24 @@ def check_planner(
             r.tree.visits == r.simulations,
             f"{task.id}: the root counts {r.tree.visits} visits for {r.simulations} simulations",
         )
-        json.dumps(r.tree.as_dict())  # what the traces write
+        try:
+            json.dumps(r.tree.as_dict())  # what the traces write
+        except (TypeError, ValueError) as e:
+            raise AssertionError(f"Planner conformance: {task.id}: the tree is not JSON ({e})") from e
+        stack = [r.tree]
+        while stack:
+            node = stack.pop()
+            _require(node.pending == 0, f"{task.id}: a node still counts {node.pending} pending simulations")
+            stack.extend(node.children)
         ep = r.episode
         _require(
             isinstance(ep, Episode) and ep.task.id == task.id, f"{task.id}: the shown episode is not its own"
         )
         _require(ep.done, f"{task.id}: the shown episode is unfinished")
-        if r.answer is not None:
-            _require(
-                normal_answer(ep.final_answer) == normal_answer(r.answer),
-                f"{task.id}: the shown episode answers {ep.final_answer!r}, the search chose {r.answer!r}",
-            )
+        _require(
+            normal_answer(ep.final_answer) == normal_answer(r.answer),
+            f"{task.id}: the shown episode answers {ep.final_answer!r}, the search chose {r.answer!r}",
+        )
         _require(
             r.correct == (r.answer is not None and ep.correct),
             f"{task.id}: correct is {r.correct} for the answer {r.answer!r}",
@@ -582,7 +592,7 @@ def check_planner(
         [(r.answer, r.generated_tokens) for r in later] == answers[1:],
         "a later chunk (first_problem=1) searched differently from one search of all the tasks",
     )
-    blind = [replace(t, answer=f"{t.answer}0") for t in tasks]  # a different number for every gold answer
+    blind = [replace(t, answer=f"{t.answer}1") for t in tasks]  # another gold answer (a digit appended)
     _require(
         [r.answer for r in planner.search(factory, backend, blind, seed=seed)] == [a for a, _ in answers],
         "the answers changed with the answer key: a planner may not read task.answer",
@@ -597,7 +607,7 @@ def _require(condition: bool, rule: str) -> None:
 def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:
     """Training targets for the meta-thinker (role `meta`) from searches of problems whose answers are known
     (a train split): of each problem whose chosen answer is right, the episode the search shows for it (a
-    simulation through the most visited plan that reached that answer), with only the meta-thinker's turns
+    simulation that reached that answer), with only the meta-thinker's turns
     left to learn: its plan and its reflections on the way (a revision, or the accept of a round before the
     last; the last round's reflection is played only under `planner.value=verdict`). The executors' turns
     get loss mask 0, so a demonstrations file (meta_agent.demos.write_demos) keeps the meta-thinker's turns

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from meta_agent.cli import main
-from meta_agent.evaluate import normal_answer, pass_ks, score
+from meta_agent.evaluate import pass_ks, score
+from meta_agent.stats import normal_answer
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASKS, answer
 from tests.meta_agent.test_saved_adapters import FAST
 

@@ -217,6 +217,12 @@ def test_eval_and_solve_search_with_the_real_episode_code(tiny_model_dir, tmp_pa
     assert proc.returncode == 0, proc.stderr + proc.stdout
     traces = [json.loads(line) for line in (best_dir / "traces.jsonl").read_text().splitlines()]
     assert [t["simulations"] for t in traces] == [3, 3] and traces[0]["search"]["visits"] == 3
+    # without a meta-thinker: no plans to show, the majority of the executor's episodes
+    alone = [c for c in common if not c.startswith("roles.meta_thinker")]
+    single = [*alone, "roles=single_agent", "adapters=null", f"run_dir={tmp_path / 'single'}"]
+    solved = run_cli("solve", "What is 2 + 3?", *single, cwd=tmp_path)
+    assert solved.returncode == 0, solved.stderr + solved.stdout
+    assert "searched 3 episodes over 0 plans; the answer is their majority" in solved.stdout
 
 
 def test_a_search_answers_once_per_problem_and_needs_a_meta_thinker():
@@ -504,6 +510,11 @@ class Broken(FirstEpisode):
             out = [replace(r, answer="12", correct=False) for r in out]
         if self.flaw == "miscounts":
             out = [replace(r, simulations=2) for r in out]
+        if self.flaw == "leaves a simulation pending":
+            for r in out:
+                r.tree.pending = 1
+        if self.flaw == "abstains and shows an answer":
+            out = [replace(r, answer=None, correct=False) for r in out]
         return out
 
 
@@ -516,6 +527,8 @@ class Broken(FirstEpisode):
         ("ignores first_problem", "a later chunk"),
         ("shows another episode", "the shown episode answers"),
         ("miscounts", "the root counts 1 visits for 2 simulations"),
+        ("leaves a simulation pending", "still counts 1 pending"),
+        ("abstains and shows an answer", "the shown episode answers .*, the search chose None"),
     ],
 )
 def test_the_conformance_check_catches_a_broken_planner(one_round, chat, flaw, caught):
