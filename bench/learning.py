@@ -62,10 +62,13 @@ from meta_agent.train import train
 from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
+CHECK_RESULTS = RESULTS_DIR / "learning_check.json"
 # --task: the experiments trained per seed, the hierarchy's and its executor-alone baseline's
 TASKS = {
     "default": ("arith_hierarchy", "arith_single_agent"),
     "reflection": ("distract_hierarchy", "distract_single_agent"),  # arith_distract, two rounds
+    # the same task, the reflections of the demonstrations written as one check whatever their verdict
+    "reflection_check": ("distract_check_hierarchy", "distract_single_agent"),
 }
 PROBE_ARMS = ("no_reflection", "no_plan")
 # The issue's targets for the default experiment on 2 CPU cores: the RL's own gain over seeds (mean, and
@@ -84,7 +87,10 @@ TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan 
 # The same for the demonstrations SFT plays, per `sft.source` (a source not named here: unchanged since
 # fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
 # means and leave the other task's seeds alone.
-DEMONSTRATIONS_REVISION = {"arith_distract": "2026-12-03: a revision fixes one step (<fix>)"}
+DEMONSTRATIONS_REVISION = {
+    "arith_distract": "2026-12-03: a revision fixes one step (<fix>)",
+    "arith_distract_check": "2026-12-04: every reflection is one check, whatever its verdict",
+}
 PROBE_KEPT = (
     "self_correction",
     "revise_recall",
@@ -113,7 +119,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=sorted(TASKS),
         default="default",
         help="default: arith_hierarchy against arith_single_agent (the file's top level); reflection: "
-        "distract_hierarchy against distract_single_agent (its reflection_task section)",
+        "distract_hierarchy against distract_single_agent (its reflection_task section); reflection_check: "
+        f"distract_check_hierarchy against the same (the reflection_task section of {CHECK_RESULTS})",
     )
     p.add_argument(
         "--single",
@@ -122,9 +129,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="train the executor-alone baseline per seed (--no-single: the hierarchy and probes only)",
     )
     p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
-    p.add_argument("--out", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")
+    p.add_argument(
+        "--out", type=Path, help=f"result file (default {RESULTS}; {CHECK_RESULTS} for reflection_check)"
+    )
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # reflection_check has a file of its own: its seeds would replace the reflection task's in RESULTS
+    args.out = args.out or (CHECK_RESULTS if args.task == "reflection_check" else RESULTS)
+    return args
 
 
 def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, float], float, Path]:

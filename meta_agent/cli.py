@@ -60,7 +60,7 @@ commands:
   dpo                train with preference pairs mined from each rollout instead of GRPO (train.algorithm=dpo;
                      dpo.loss=dpo|ipo|simpo, dpo.pairs); start from trained roles with adapters=...
   sft                the SFT stage alone (train with sft.enabled=true and no GRPO steps)
-  demos              write sft.examples demonstrations of sft.source (arith | arith_distract | gsm8k) to demos_out,
+  demos              write sft.examples demonstrations of sft.source (arith | arith_distract[_check] | gsm8k) to demos_out,
                      a JSON-lines file that `meta-agent sft sft.source=<file>` trains on; with planner.name=mcts
                      (or best_of_n) and adapters=RUN: the plans of the episodes the planner chose where it
                      answered right (train.task's train split), as targets for the meta-thinker

@@ -188,6 +188,7 @@ def distract_actions(
     grammar: Grammar = GRAMMAR,
     revise: bool | None = None,
     mistake: str | None = None,
+    check: bool = False,
 ) -> DemoScript:
     """The demonstration of an arith_distract task (meta["distractors"]): the arith demonstration,
     and with `revise` (None: drawn from `seed` and the task id, REVISE_SHARE of them) a first round
@@ -198,8 +199,21 @@ def distract_actions(
       reflection quotes that step and the sentence of its number, and says what the sentence means.
     The reflection then revises the plan; the second round is the arith demonstration's work, accepted.
     That first round's mistaken turns are never learned. An operation mistake whose sentence cannot be
-    told apart (its number in two sentences) is shown as a distractor mistake instead."""
+    told apart (its number in two sentences) is shown as a distractor mistake instead.
+
+    `check` (sft.source=arith_distract_check) writes every reflection, accepting or revising, as the
+    same check (check_lines): each operation of the plan against the question's sentence with its
+    number, then the numbers the executor took from the question against the plan's; the verdict follows
+    from the line that found something. The default reflections open differently by verdict, so the
+    choice between accepting and revising is made in their first words, before any checking."""
     script = arith_actions(task, style, seed, grammar)
+    if check:
+        ops = arith_ops(task.meta["expression"])
+        body = check_lines(task.question, ops, ops, [n for _, numbers in ops for n in numbers])
+        lesson = "Check each step against its sentence, and each number of the work against the plan."
+        script = replace(
+            script, reflection=reflection_text(f"{body}\nSo the answer stands.", lesson, grammar)
+        )
     if revise is None:
         revise = random.Random(f"revise|{seed}|{task.id}").random() < REVISE_SHARE
     if not revise:
@@ -208,12 +222,51 @@ def distract_actions(
         mistake = random.Random(f"mistake|{seed}|{task.id}").choice(MISTAKES)
     if mistake not in MISTAKES:
         raise ValueError(f"a demonstration's mistake must be one of {MISTAKES}, got {mistake!r}")
-    revision = _operation_revision(task, script, seed, grammar) if mistake == "operation" else None
-    return replace(script, revision=revision or _distractor_revision(task, script, grammar))
+    revision = _operation_revision(task, script, seed, grammar, check) if mistake == "operation" else None
+    return replace(script, revision=revision or _distractor_revision(task, script, grammar, check))
 
 
-def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Revision:
-    """A first round whose executor adds the first distractor, and the reflection that catches it."""
+def check_lines(
+    question: str,
+    plan_ops: list[tuple[str, tuple[int, ...]]],
+    true_ops: list[tuple[str, tuple[int, ...]]],
+    used: list[int],
+) -> str:
+    """A reflection's check of one round: a line per operation of the plan (`plan_ops`, as arith_ops
+    gives them) read against the first sentence of the question with its number, "Agrees." or, where
+    the question's own operation (`true_ops`) is the other way, "Backwards: the question adds it."
+    ("takes it away"); then the numbers of the question the executor used (`used`, in order) against
+    the plan's, with the sentence of any the plan lacks.
+
+    check_lines("It has 5 boxes of 3. It gets 2 more. It had 9 visits.", [("mul", (5, 3)),
+    ("sub", (2,))], [("mul", (5, 3)), ("add", (2,))], [5, 3, 2, 9]) ->
+    'Step 1, "Multiply 5 by 3.": "It has 5 boxes of 3." Agrees.\n'
+    'Step 2, "Subtract 2.": "It gets 2 more." Backwards: the question adds it.\n'
+    'The numbers of the question in the work: 5, 3, 2 and 9; 9 is in no step: "It had 9 visits."'
+    """
+    lines = []
+    for k, ((kind, numbers), (truth, _)) in enumerate(zip(plan_ops, true_ops, strict=True), start=1):
+        step = f"Multiply {numbers[0]:,} by {numbers[1]:,}." if kind == "mul" else _step(kind, numbers)
+        sentence = _sentences_with(question, f"{numbers[0]:,}")[0]
+        verdict = "Agrees."
+        if kind != truth:
+            verdict = f"Backwards: the question {'adds it' if truth.startswith('add') else 'takes it away'}."
+        lines.append(f'Step {k}, "{step}": "{sentence}" {verdict}')
+    planned = {n for _, numbers in plan_ops for n in numbers}
+    order = list(dict.fromkeys(used))
+    shown = join_words([f"{n:,}" for n in order])
+    extra = [n for n in order if n not in planned]
+    if not extra:
+        lines.append(f"The numbers of the question in the work: {shown}, all in the plan.")
+    else:
+        missing = "; ".join(f'{n:,} is in no step: "{_sentences_with(question, f"{n:,}")[0]}"' for n in extra)
+        lines.append(f"The numbers of the question in the work: {shown}; {missing}")
+    return "\n".join(lines)
+
+
+def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar, check: bool = False) -> Revision:
+    """A first round whose executor adds the first distractor, and the reflection that catches it
+    (with `check`, written as check_lines)."""
     distractor = f"{task.meta['distractors'][0]:,}"
     sentence = _sentences_with(task.question, distractor)[0]
     if script.style == "one_call":
@@ -229,9 +282,15 @@ def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Re
     if wrong == script.answer:
         raise ValueError(f"{task.id}: adding the distractor {distractor} leaves the answer as it was")
     steps = plan_steps(script.plan.removeprefix(grammar.plan[0]).removesuffix(grammar.plan[1]))
+    ops = arith_ops(task.meta["expression"])
+    said = f'The executor added {distractor}, which the question gives only in "{sentence}" The asked quantity does not depend on it.'
+    if check:
+        used = [*(n for _, numbers in ops for n in numbers), task.meta["distractors"][0]]
+        said = (
+            f"{check_lines(task.question, ops, ops, used)}\nSo the executor used a number the plan does not."
+        )
     reflection = fix_text(
-        f'The executor added {distractor}, which the question gives only in "{sentence}" The asked '
-        "quantity does not depend on it.",
+        said,
         "Use only the numbers the asked quantity depends on.",
         steps + 1,
         f"Leave out {distractor}: the question does not ask about it.",
@@ -240,10 +299,13 @@ def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar) -> Re
     return Revision((*work, Segment(answer_text(wrong, grammar))), reflection)
 
 
-def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Grammar) -> Revision | None:
+def _operation_revision(
+    task: Task, script: DemoScript, seed: int, grammar: Grammar, check: bool = False
+) -> Revision | None:
     """A first round whose plan has one add or subtract step backwards (the executor carries it out),
-    and the reflection that reads the step against the question; None where the step's sentence is not
-    the only one with its number, or the backwards plan could not be written out."""
+    and the reflection that reads the step against the question (with `check`, written as
+    check_lines); None where the step's sentence is not the only one with its number, or the backwards
+    plan could not be written out."""
     ops = arith_ops(task.meta["expression"])
     rng = random.Random(f"operation|{seed}|{task.id}")
     k = rng.choice([i for i, (kind, _) in enumerate(ops) if kind in _BACKWARDS])
@@ -256,9 +318,15 @@ def _operation_revision(task: Task, script: DemoScript, seed: int, grammar: Gram
     work, wrong = (_one_call if script.style == "one_call" else _step_calls)(wrong_ops, grammar)
     if wrong == script.answer:
         raise ValueError(f"{task.id}: step {k + 1} backwards leaves the answer as it was")
-    reflection = fix_text(
+    said = (
         f'Step {k + 1} of the plan says "{_step(_BACKWARDS[kind], numbers)}", but the question says '
-        f'"{found[0]}" That means "{_step(kind, numbers)}"',
+        f'"{found[0]}" That means "{_step(kind, numbers)}"'
+    )
+    if check:
+        used = [n for _, xs in ops for n in xs]
+        said = f"{check_lines(task.question, wrong_ops, ops, used)}\nSo step {k + 1} is backwards."
+    reflection = fix_text(
+        said,
         "Check each step against its sentence: add what the question adds, subtract what it takes away.",
         k + 1,
         _step(kind, numbers),

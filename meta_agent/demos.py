@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from meta_agent.chat import ChatFormat
-from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops, distract_actions
+from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops, check_lines, distract_actions
 from meta_agent.demo_gsm8k import MAX_PLAN_STEPS, gsm8k_actions
 from meta_agent.demo_script import (
     GENERIC_PLAN,
@@ -55,6 +55,7 @@ __all__ = [
     "DemoScript",
     "Segment",
     "arith_actions",
+    "check_lines",
     "distract_actions",
     "arith_ops",
     "calculate",
@@ -69,7 +70,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("arith", "arith_distract", "gsm8k")
+SOURCES = ("arith", "arith_distract", "arith_distract_check", "gsm8k")
 TURN_FIELDS = (
     "role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode", "correct"
 )  # fmt: skip
@@ -204,9 +205,11 @@ def make_demos(
     data_dir: Path | str | None = None,
     internal: InternalMemory | None = None,
 ) -> list[Episode]:
-    """`n` finished demonstration episodes from the train split of `name` ("arith", "arith_distract" or "gsm8k").
+    """`n` finished demonstration episodes from the train split of `name` (one of SOURCES).
 
-    arith: problems of 2-4 operations in turn, each in a style drawn from `seed`. gsm8k: rows in
+    arith: problems of 2-4 operations in turn, each in a style drawn from `seed`. arith_distract: as
+    distract_actions writes them; arith_distract_check: the same, each reflection written as one check
+    whatever its verdict (distract_actions' `check`). gsm8k: rows in
     file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit `limits`
     are skipped, so fewer than `n` come back only when the file runs out. `internal`: what the
     meta-thinker carries between reflections (meta_agent.internal_memory); its reflections are written so.
@@ -226,14 +229,18 @@ def make_demos(
         batches = [make_arith_tasks("train", per, seed=seed, steps=s) for s in ARITH_STEPS]
         tasks = [t for group in zip(*batches, strict=True) for t in group][:n]
         return [play_demo(arith_actions(t, seed=seed, grammar=grammar), t, factory) for t in tasks]
-    if name == "arith_distract":  # REVISE_SHARE of them caught and revised, where a meta-thinker reflects
+    if name.startswith("arith_distract"):  # REVISE_SHARE caught and revised, where a meta-thinker reflects
         tasks = load_tasks("arith_distract", "train", limit=n, seed=seed)
         # Only a meta-thinker with a second round to give, reflecting on one executor's work, revises
         # (with a checker the first round's answer would be right); otherwise every demonstration accepts.
         one = meta_thinker(roles) is not None and len(executors(roles)) == 1
         revise = None if one and limits.max_rounds >= 2 else False
         return [
-            play_demo(distract_actions(t, seed=seed, grammar=grammar, revise=revise), t, factory)
+            play_demo(
+                distract_actions(t, seed=seed, grammar=grammar, revise=revise, check=name.endswith("_check")),
+                t,
+                factory,
+            )
             for t in tasks
         ]
     episodes: list[Episode] = []

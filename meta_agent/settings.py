@@ -143,8 +143,9 @@ class SFTSettings:
     """The warm start on demonstrations (`meta-agent sft`, or a stage of `meta-agent train`)."""
 
     enabled: bool = False  # true: `meta-agent train` starts with this stage
-    # arith (generated tool demonstrations) | gsm8k (converted train solutions) | a .jsonl file written
-    # by `meta-agent demos` (runs/demos/arith.jsonl)
+    # arith (generated tool demonstrations) | arith_distract (half catch a mistake and revise) |
+    # arith_distract_check (the same, every reflection one step-by-step check) | gsm8k (converted train
+    # solutions) | a .jsonl file written by `meta-agent demos` (runs/demos/arith.jsonl)
     source: str = "arith"
     examples: int = 256  # demonstration episodes to generate (a .jsonl source is used whole)
     batch_size: int = 8  # demonstration episodes per step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from meta_agent.demos import (
     Segment,
     arith_actions,
     arith_ops,
+    check_lines,
     demo_path,
     distract_actions,
     gsm8k_actions,
@@ -383,3 +385,56 @@ def test_a_revision_needs_a_second_round_and_a_lone_executor_never_revises(role_
         "arith_distract", 4, role_sets["two_executors"], chat, registry, limits=Limits(max_rounds=2)
     )
     assert all(ep.correct and len(ep.rounds) == 1 for ep in checked)  # a checker would get round 1 right
+
+
+def test_check_lines_read_each_step_against_its_sentence_and_the_work_against_the_plan():
+    question = "It has 5 boxes of 3. It gets 2 more. It had 9 visits. It gives away 4."
+    truth = [("mul", (5, 3)), ("add", (2,)), ("sub", (4,))]
+    backwards = [("mul", (5, 3)), ("sub", (2,)), ("add", (4,))]
+    assert check_lines(question, backwards, truth, [5, 3, 2, 4]).split("\n") == [
+        'Step 1, "Multiply 5 by 3.": "It has 5 boxes of 3." Agrees.',
+        'Step 2, "Subtract 2.": "It gets 2 more." Backwards: the question adds it.',
+        'Step 3, "Add 4.": "It gives away 4." Backwards: the question takes it away.',
+        "The numbers of the question in the work: 5, 3, 2 and 4, all in the plan.",
+    ]
+    assert check_lines(question, truth, truth, [5, 3, 2, 9, 4, 2]).split("\n")[1:] == [
+        'Step 2, "Add 2.": "It gets 2 more." Agrees.',
+        'Step 3, "Subtract 4.": "It gives away 4." Agrees.',
+        'The numbers of the question in the work: 5, 3, 2, 9 and 4; 9 is in no step: "It had 9 visits."',
+    ]
+
+
+@pytest.fixture(scope="module")
+def check_config():
+    return load_config(["experiment=distract_check_hierarchy"])
+
+
+def test_check_demos_open_every_reflection_alike_and_fit_the_budgets(check_config, chat, registry):
+    """sft.source=arith_distract_check: every reflection, accepting or revising, is the same check from
+    its first words; the line that found something (a step backwards, a number in no step) is the only
+    difference, and the verdict follows it. Each fits its experiment's budgets (seeds 0 and 13)."""
+    cfg = check_config
+    budget = {r.name: r.sampling.max_new_tokens for r in cfg.role_list}
+    for seed in (0, 13):
+        episodes = make_demos(
+            "arith_distract_check", 160, cfg.role_list, chat, registry, seed=seed, limits=cfg.protocol
+        )
+        assert len(episodes) == 160 and all(ep.correct and not ep.truncated for ep in episodes)
+        kinds = set()
+        for ep in episodes:
+            for turn in ep.turns:
+                assert all(
+                    len(chat.encode(s)) <= budget[turn.role] for s in turn.text.split("</tool_result>\n")
+                )
+            for turn, rnd in zip([t for t in ep.turns if t.kind == "reflect"], ep.rounds, strict=True):
+                assert turn.text.startswith('<reflection>Step 1, "Multiply ')
+                found = "Backwards: the question" in turn.text or "is in no step" in turn.text
+                assert found == (rnd.verdict == "revise") == (not rnd.correct), turn.text
+                if found:
+                    kinds.add("backwards" if "Backwards" in turn.text else "distractor")
+                    step = re.search(r"So step (\d+) is backwards", turn.text)
+                    if step:  # the fix is of the step the check found backwards
+                        assert f'<fix step="{step[1]}">' in turn.text
+                else:
+                    assert "So the answer stands.</reflection>" in turn.text
+        assert kinds == {"backwards", "distractor"}
