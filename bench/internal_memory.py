@@ -39,7 +39,6 @@ from bench.planning import greedy_episodes
 from meta_agent.config import load_config
 from meta_agent.stats import mean_interval, paired_difference, seed_interval
 from meta_agent.system import build_system
-from meta_agent.tasks import load_tasks
 from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "planning.json"
@@ -108,7 +107,7 @@ def evaluated(seed: int, mode: str, adapters: Path, args: argparse.Namespace) ->
             f"run_dir=runs/bench-memory-eval-{mode}-seed{seed}",
         ]
     )
-    tasks = {cfg.train.eval_task: load_tasks(cfg.train.eval_task, "test", limit=args.limit, seed=seed)}
+    tasks = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", args.limit)}
     system = build_system(cfg)
     try:
         played, scores, seconds = greedy_episodes(cfg, system, tasks, seed, final_reflection=False)

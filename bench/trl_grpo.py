@@ -47,7 +47,7 @@ from meta_agent.config import load_config
 from meta_agent.runner import request_seed
 from meta_agent.settings import Config
 from meta_agent.system import System, build_system, policy_trainer
-from meta_agent.tasks import Task, grade, load_tasks
+from meta_agent.tasks import Task, grade
 from training.distributed import Ranks
 from training.generation import HFBackend
 from training.grpo import group_advantages
@@ -136,7 +136,7 @@ class SideResult:
 
 def workload(cfg: Config, system: System, prompts: int) -> Workload:
     """The first `prompts` arith train questions as the executor's first prompt of an episode."""
-    tasks = load_tasks(cfg.train.task, "train", limit=prompts, seed=cfg.seed)
+    tasks = cfg.tasks(cfg.train.task, "train", prompts)
     prompt_ids = [system.factory.new(task).request().prompt_ids for task in tasks]
     return Workload(tasks, prompt_ids, [system.chat.decode_raw(ids) for ids in prompt_ids])
 

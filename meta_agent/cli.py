@@ -37,7 +37,7 @@ from meta_agent.settings import Config
 from meta_agent.sft import generate_demos, search_demos
 from meta_agent.system import build_system, check_tools
 from meta_agent.tables import accuracy_table, reflection_table, seed_table
-from meta_agent.tasks import Task, load_tasks
+from meta_agent.tasks import Task
 from meta_agent.trace import TraceWriter, episode_markdown
 from meta_agent.train import train
 from roles import META_THINKER
@@ -262,9 +262,7 @@ def check_fits(prompt_tokens: int, budget: int, context: int | None) -> None:
 def cmd_eval(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     # Read before the run folder is claimed: a bad task file or name stops with nothing made.
-    tasks = {
-        name: load_tasks(name, cfg.eval.split, limit=cfg.eval.limit, seed=cfg.seed) for name in cfg.eval.tasks
-    }
+    tasks = {name: cfg.tasks(name, cfg.eval.split, cfg.eval.limit) for name in cfg.eval.tasks}
     cfg, run_dir = start_run(cfg, overrides, "eval")
     with console.status("loading the backbone"):
         system = build_system(cfg)
@@ -318,7 +316,7 @@ def cmd_eval(overrides: list[str]) -> int:
 
 def cmd_probe(overrides: list[str]) -> int:
     cfg, run_dir = start_run(load_config(overrides), overrides, "probe")
-    tasks = load_tasks(cfg.probe.task, cfg.probe.split, limit=cfg.probe.limit, seed=cfg.seed)
+    tasks = cfg.tasks(cfg.probe.task, cfg.probe.split, cfg.probe.limit)
     # The mixed arm's adapters sit beside the roles' own in one backbone, loaded once.
     mixed = "mixed" in cfg.probe.arms and (cfg.probe.meta_thinker_from or cfg.probe.executors_from)
     slots = mixed_slots(list(cfg.roles)) if mixed else {}
@@ -429,13 +427,13 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
 
 def check_train_tasks(cfg: Config) -> None:
     """The training pool and the held-out problems can be read and are not empty (SettingError else)."""
-    pool = load_tasks(cfg.train.task, "train", limit=cfg.train.pool, seed=cfg.seed)
+    pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     if not pool:
         raise SettingError(
             f"train.task={cfg.train.task} train.pool={cfg.train.pool}: the training pool is empty; raise "
             "train.pool or pick a task with training problems"
         )
-    load_tasks(cfg.train.eval_task, "test", limit=cfg.train.eval_limit, seed=cfg.seed)
+    cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)
 
 
 def run_folder(resume: Path) -> Path:

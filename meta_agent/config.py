@@ -153,6 +153,9 @@ def _emit(node: DictConfig, record: type | None, indent: int, lines: list[str]) 
     for key in node:
         value = node[key]
         comment = comments.get(str(key), "")
+        if isinstance(value, DictConfig) and len(value) == 0:
+            _line(lines, f"{pad}{key}: {{}}", comment)  # an empty mapping (custom_tasks), not null
+            continue
         if isinstance(value, DictConfig):
             child = OmegaConf.get_type(value)
             _line(lines, f"{pad}{key}:", comment)

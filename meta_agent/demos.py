@@ -37,7 +37,7 @@ from meta_agent.episode import EXECUTE, PLAN, REFLECT, Episode, Limits
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.internal_memory import InternalMemory
 from meta_agent.runner import EpisodeFactory
-from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
+from meta_agent.tasks import Task, grade_task, load_tasks, make_arith_tasks
 from roles import RoleSpec, executors, meta_thinker
 from tools.registry import ToolRegistry
 from training.types import Turn
@@ -223,7 +223,7 @@ def make_demos(
         raise ValueError(f"need n >= 0 demonstrations, got {n}")
     limits = limits or Limits()
     grammar = roles[0].grammar
-    factory = EpisodeFactory(roles, chat, registry, grade, limits, internal=internal)
+    factory = EpisodeFactory(roles, chat, registry, grade_task, limits, internal=internal)
     if name == "arith":
         per = math.ceil(n / len(ARITH_STEPS))
         batches = [make_arith_tasks("train", per, seed=seed, steps=s) for s in ARITH_STEPS]

@@ -81,7 +81,7 @@ class Episode:
         roles: Sequence[RoleSpec],
         chat: ChatFormat,
         registry: ToolRegistry,
-        grade: Callable[[str, str], bool],
+        grade: Callable[[str, Task], bool],
         limits: Limits | None = None,
         memories: Sequence[MemoryHit] = (),
         final_reflection: bool = True,
@@ -367,7 +367,7 @@ class Episode:
         if self.rounds and self.rounds[-1].index == self.round:
             return
         answer = self._round_answer()
-        correct = bool(answer) and self.grade(answer, self.task.answer)
+        correct = bool(answer) and self.grade(answer, self.task)
         # The plan the round's executors saw: none when it was hidden or no executor got to act.
         shown = self.plan if self.show_plan and self._round_turns(self.round) else None
         self.rounds.append(RoundRecord(self.round, answer, correct, plan=shown))
@@ -382,7 +382,7 @@ class Episode:
         if self.final_answer in graded:  # the answer of a round, graded already
             self.correct = graded[self.final_answer]
         else:
-            self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task.answer)
+            self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task)
         for role in self.roles.values():
             turns = [t for t in self.turns if t.role == role.name]
             if not turns:

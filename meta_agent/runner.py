@@ -32,7 +32,7 @@ class EpisodeFactory:
         roles: Sequence[RoleSpec],
         chat: ChatFormat,
         registry: ToolRegistry,
-        grade: Callable[[str, str], bool],
+        grade: Callable[[str, Task], bool],
         limits: Limits | None = None,
         memory: Memory | None = None,
         memory_settings: MemorySettings | None = None,

@@ -12,12 +12,16 @@ comment beside it are what `meta-agent config` prints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from memory.settings import MemorySettings
 from meta_agent.episode import Limits
+from meta_agent.errors import SettingError
 from meta_agent.planning import PlannerSettings
 from meta_agent.preference import PAIR_KINDS
+from meta_agent.tasks import KNOWN_TASKS, Task, load_tasks
+from meta_agent.tasks.custom import CustomTask
 from roles import META_THINKER, RoleSpec, check_roles
 from tools import ToolSettings
 from training.backbone import AdapterConfig
@@ -222,6 +226,12 @@ class Config:
     # latest checkpoint); null: fresh adapters
     adapters: str | None = None
     demos_out: str | None = None  # meta-agent demos: the .jsonl file to write; null: <run_dir>/demos.jsonl
+    # a researcher's own tasks by name, usable wherever a task is named (train.task, eval.tasks, ...):
+    # {path: data.jsonl, question: <field>, answer: <field>, grader: math|exact|numeric, split: <field>,
+    # test_share: 0.2} or {loader: module:function} (meta_agent/tasks/custom.py; README "Your own task")
+    # (a plain mapping here, each entry checked as a CustomTask, so that `+custom_tasks.mine={path: ...}`
+    # works on the command line too)
+    custom_tasks: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.roles:
@@ -229,6 +239,7 @@ class Config:
                 "roles is empty: pick a roles config, e.g. roles=hierarchy or roles=single_agent"
             )
         check_roles(list(self.roles.values()))
+        self.custom_tasks = {name: custom_task(name, spec) for name, spec in self.custom_tasks.items()}
         several = self.train.updates_per_rollout * self.train.minibatches > 1
         if several and self.model.fsdp and self.grpo.tis_cap is not None:
             # Recording the rollout policy's logprobs is a forward pass per micro-batch, which a sharded
@@ -295,3 +306,30 @@ class Config:
     def role_adapters(self) -> dict[str, AdapterConfig]:
         """Each role's adapter, by role name: what Backbone.load attaches."""
         return {r.name: r.adapter for r in self.roles.values()}
+
+    def tasks(self, name: str, split: str, limit: int | None = None) -> list[Task]:
+        """The tasks of `name` (a built-in family, a custom task or a .jsonl file) in `split`, the first
+        `limit`, as meta_agent.tasks.load_tasks reads them with this config's seed and custom_tasks."""
+        return load_tasks(name, split, limit=limit, seed=self.seed, custom=self.custom_tasks)
+
+
+def custom_task(name: str, spec: Any) -> CustomTask:
+    """`custom_tasks.<name>` as a CustomTask: its keys checked by name, the name by the built-in ones."""
+    if name in KNOWN_TASKS:
+        raise SettingError(f"custom_tasks.{name}: a built-in task has that name; give yours another")
+    if isinstance(spec, CustomTask):
+        return spec
+    if not isinstance(spec, dict):
+        raise SettingError(
+            f"custom_tasks.{name} must be a mapping such as {{path: data.jsonl}}, not {spec!r:.40}"
+        )
+    known = {f.name for f in fields(CustomTask)}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise SettingError(
+            f"custom_tasks.{name}.{unknown[0]}: no such key; a custom task has {sorted(known)}"
+        )
+    try:
+        return CustomTask(**spec)
+    except SettingError as e:
+        raise SettingError(f"custom_tasks.{name}: {e}") from None

@@ -23,7 +23,7 @@ from meta_agent.planning import build_planner, searched_plans, searches
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
-from meta_agent.tasks import Task, load_tasks, next_tasks
+from meta_agent.tasks import Task, next_tasks
 from roles import meta_thinker
 from training.distributed import Ranks
 from training.run_log import RunLog
@@ -68,7 +68,7 @@ def search_demos(cfg: Config, system: System) -> list[Episode]:
     was right, as meta_agent.planning.searched_plans keeps them."""
     meta = meta_thinker(system.roles)
     assert meta is not None, "cmd_demos refuses a planner without a meta-thinker"
-    tasks = load_tasks(cfg.train.task, "train", limit=cfg.sft.examples, seed=cfg.seed)
+    tasks = cfg.tasks(cfg.train.task, "train", cfg.sft.examples)
     planner = build_planner(cfg.planner, system.backbone)
     assert planner is not None, "cmd_demos searches only with a planner"
     batch = cfg.eval.episodes_per_batch

@@ -13,7 +13,7 @@ from meta_agent.chat import ChatFormat
 from meta_agent.errors import MissingFile, SettingError
 from meta_agent.runner import EpisodeFactory
 from meta_agent.settings import Config, RoleConfig
-from meta_agent.tasks import grade
+from meta_agent.tasks import grade_task
 from tools import TOOL_NAMES, PythonSandbox, SandboxUnavailable, default_registry
 from tools.registry import ToolRegistry
 from training.backbone import ADAPTER_WEIGHTS, Backbone
@@ -167,7 +167,7 @@ def build_system(
         load_saved_adapters(backbone, saved, {r.name: r.name for r in roles})
     backend = make_backend(backbone, cfg.backend)
     chat = ChatFormat(backbone.tokenizer)
-    factory = EpisodeFactory(roles, chat, registry, grade, cfg.protocol, memory, cfg.memory)
+    factory = EpisodeFactory(roles, chat, registry, grade_task, cfg.protocol, memory, cfg.memory)
     return System(backbone, backend, chat, roles, registry, memory, factory)
 
 

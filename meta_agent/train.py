@@ -37,7 +37,7 @@ from meta_agent.runner import play
 from meta_agent.settings import Config
 from meta_agent.sft import run_sft, sft_turns
 from meta_agent.system import System, build_system, policy_trainer
-from meta_agent.tasks import Task, load_tasks, next_tasks
+from meta_agent.tasks import Task, next_tasks
 from meta_agent.trace import TraceWriter, write_step_traces
 from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
@@ -88,12 +88,8 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     """SFT (if enabled and not resuming), then the GRPO loop, on a built system."""
     traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / CHECKPOINTS_DIR
-    pool = load_tasks(cfg.train.task, "train", limit=cfg.train.pool, seed=cfg.seed)
-    test = {
-        cfg.train.eval_task: load_tasks(
-            cfg.train.eval_task, "test", limit=cfg.train.eval_limit, seed=cfg.seed
-        )
-    }
+    pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
+    test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
     evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
     if cfg.resume:  # exactly where it stopped: adapters, optimizer, scheduler, RNG, data position, step
         trainer = policy_trainer(cfg, system, ranks)

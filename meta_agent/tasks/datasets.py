@@ -2,6 +2,7 @@
 
     load_tasks("gsm8k", "test", limit=20)   # first 20 rows of data/gsm8k/test.jsonl
     load_tasks("arith", "train", seed=1)     # generated, see arith.py
+    load_tasks("mine", "test", custom=cfg.custom_tasks)   # a researcher's own, see custom.py
 
 Stored families read `<data>/<name>/<split>.jsonl` (files, sources and licences: data/README.md).
 The data folder is, first found: the `data_dir` argument, the META_AGENT_DATA environment variable,
@@ -20,6 +21,8 @@ from typing import Any, TypeVar
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks.arith import make_arith_tasks
 from meta_agent.tasks.arith_distract import make_distract_tasks
+from meta_agent.tasks.code import load_humaneval
+from meta_agent.tasks.custom import CustomTask, is_task_file, load_custom
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
 from meta_agent.tasks.types import Task
 
@@ -36,6 +39,7 @@ KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
     "amc23": ("test",),
     "arith": ("train", "test"),
     "arith_distract": ("train", "test"),  # arith with distractor quantities, see arith_distract.py
+    "humaneval": ("test",),  # Python functions graded by unit tests in the sandbox, see code.py
 }
 
 # How many arith tasks `load_tasks` generates when no limit is given: enough for a training run,
@@ -49,15 +53,25 @@ def load_tasks(
     limit: int | None = None,
     data_dir: Path | str | None = None,
     seed: int = 0,
+    custom: Mapping[str, CustomTask] | None = None,
 ) -> list[Task]:
     """The tasks of family `name`, split `split`: the first `limit` of them, or all.
 
-    Stored files keep their order, so a limit always takes the same rows; `seed` only changes which
-    problems the generated "arith" family draws. Raises ValueError for an unknown name or split,
+    `name` is a built-in family (KNOWN_TASKS), a name in `custom` (the config's `custom_tasks`), or a
+    .jsonl file read as a custom task with the default fields. Stored files keep their order, so a
+    limit always takes the same rows; `seed` only changes which problems the generated families draw
+    (and what a loader makes of it). Raises ValueError for an unknown name or split,
     FileNotFoundError (naming the path) for a missing data file.
     """
+    if custom and name in custom:
+        return load_custom(name, custom[name], split, limit, seed)
+    if is_task_file(name):
+        return load_custom(name, CustomTask(path=name), split, limit, seed)
     if name not in KNOWN_TASKS:
-        raise SettingError(f"unknown task {name!r}; known tasks: {', '.join(KNOWN_TASKS)}")
+        raise SettingError(
+            f"unknown task {name!r}; known tasks: {', '.join([*KNOWN_TASKS, *(custom or {})])}, a .jsonl "
+            'file, or a task of your own under custom_tasks (README, "Your own task")'
+        )
     if split not in KNOWN_TASKS[name]:
         raise SettingError(f"task {name!r} has splits {KNOWN_TASKS[name]}, not {split!r}")
     if limit is not None and limit < 0:
@@ -66,6 +80,8 @@ def load_tasks(
         return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     if name == "arith_distract":
         return make_distract_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
+    if name == "humaneval":
+        return load_humaneval(limit)
     path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
     to_task = _ROW_READERS[name]
     tasks = []

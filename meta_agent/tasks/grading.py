@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 
 import sympy
@@ -68,6 +69,44 @@ def grade(prediction: str, answer: str) -> bool:
     # prediction can trigger inside SymPy (RecursionError, ValueError, ...) is an Exception.
     except (Exception, TimeoutException):
         return False
+
+
+# A number in an answer: digits with optional thousands commas, a decimal part and an exponent
+_NUMBER = re.compile(
+    r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?"
+)
+NUMERIC_REL_TOL = 1e-6  # grader "numeric": how far from the gold number an answer may be, relatively
+
+
+def grade_exact(prediction: str, answer: str) -> bool:
+    """Grader "exact": the prediction is the gold text, once both have their runs of whitespace made
+    one space and their ends stripped; case counts. grade_exact(" New  York", "New York") -> True."""
+    if not isinstance(prediction, str) or not isinstance(answer, str):
+        return False
+    return bool(answer.strip()) and " ".join(prediction.split()) == " ".join(answer.split())
+
+
+def grade_numeric(prediction: str, answer: str) -> bool:
+    """Grader "numeric": the last number the prediction states equals the gold number within a relative
+    NUMERIC_REL_TOL (exactly, for a gold 0). Thousands commas and signs are read; units and currency
+    around the number are not. grade_numeric("about $1,234.50", "1234.5") -> True; ("3.1416",
+    "3.14159") -> False (a relative difference of 3e-6)."""
+    gold, said = last_number(answer), last_number(prediction)
+    if gold is None or said is None:
+        return False
+    return math.isclose(said, gold, rel_tol=NUMERIC_REL_TOL, abs_tol=0.0)
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` ("1,234.5" -> 1234.5), or None when there is none or it does
+    not fit a float."""
+    if not isinstance(text, str):
+        return None
+    found = _NUMBER.findall(text[-MAX_PREDICTION_CHARS:])
+    if not found:
+        return None
+    value = float(found[-1].replace(",", ""))
+    return value if math.isfinite(value) else None
 
 
 def extract_gsm8k_answer(solution_text: str) -> str | None:
@@ -167,3 +206,20 @@ def _log10_bound(expr: sympy.Basic) -> float:
     if not expr.args:
         return 1.0
     return sum(_log10_bound(a) for a in expr.args if isinstance(a, sympy.Basic))
+
+
+def _grade_code(prediction: str, tests: str) -> bool:
+    from meta_agent.tasks.code import grade_code  # the sandbox, imported only where code is graded
+
+    return grade_code(prediction, tests)
+
+
+# Graders by name (a task's `grader`; custom_tasks.<name>.grader): prediction and gold answer -> right?
+# "code": the gold answer is a test program run after the prediction's code (tasks.code.grade_code).
+GRADERS = {"math": grade, "exact": grade_exact, "numeric": grade_numeric, "code": _grade_code}
+
+
+def grade_task(prediction: str, task) -> bool:
+    """`prediction` graded against `task.answer` by the task's own grader (GRADERS[task.grader]); never
+    raises for a prediction."""
+    return GRADERS[task.grader](prediction, task.answer)

@@ -12,7 +12,7 @@ from memory.types import MemoryHit
 from meta_agent.chat import ChatFormat
 from meta_agent.config import load_config
 from meta_agent.episode import Episode, Limits
-from meta_agent.tasks import Task, grade, make_arith_tasks
+from meta_agent.tasks import Task, grade_task, make_arith_tasks
 from roles import RoleSpec
 from tools import default_registry
 from tools.registry import ToolRegistry
@@ -74,7 +74,7 @@ def make_episode(role_sets, chat, registry) -> Callable[..., Episode]:
             role_sets[roles],
             chat,
             registry,
-            grade,
+            grade_task,
             limits,
             memories=memories,
             final_reflection=final_reflection,

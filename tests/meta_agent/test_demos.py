@@ -28,7 +28,7 @@ from meta_agent.demos import (
 )
 from meta_agent.episode import Limits
 from meta_agent.runner import EpisodeFactory
-from meta_agent.tasks import Task, grade, load_tasks, make_arith_tasks
+from meta_agent.tasks import Task, grade, grade_task, load_tasks, make_arith_tasks
 from roles import Grammar, states_answer
 
 N = 20
@@ -220,10 +220,10 @@ def test_demos_fit_the_roles_generation_budgets(demos, role_sets, chat):
 def test_play_demo_raises_when_the_protocol_goes_off_script(role_sets, chat, registry):
     task = make_arith_tasks("train", 1, steps=3)[0]
     script = arith_actions(task, style="steps")
-    tight = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_tool_calls=1))
+    tight = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task, Limits(max_tool_calls=1))
     with pytest.raises(DemoError, match=task.id):
         play_demo(script, task, tight)
-    factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade)
+    factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task)
     wrong = replace(script, work=(Segment("<answer>1</answer>"),))
     with pytest.raises(DemoError, match="not correct"):
         play_demo(wrong, task, factory)
@@ -356,7 +356,7 @@ def test_an_operation_mistake_is_a_step_backwards_read_against_its_sentence(dist
         'bolts." That means "Subtract 1,660."</reflection><lesson>Check each step against its sentence: add '
         'what the question adds, subtract what it takes away.</lesson><fix step="2">Subtract 1,660.</fix>'
     )
-    factory = EpisodeFactory(cfg.role_list, chat, registry, grade, cfg.protocol)
+    factory = EpisodeFactory(cfg.role_list, chat, registry, grade_task, cfg.protocol)
     ep = play_demo(script, task, factory)
     assert ep.correct and [r.answer for r in ep.rounds] == ["60458137/223 ≈ 271112.7219730941704", "271109"]
     assert ep.rounds[1].plan == steps.format("Subtract 1,660.")  # the fix applied to the backwards plan
@@ -372,7 +372,7 @@ def test_distract_demos_round_trip_without_the_caught_mistake(distract, tmp_path
 
 def test_a_revision_needs_a_second_round_and_a_lone_executor_never_revises(role_sets, chat, registry):
     task = load_tasks("arith_distract", "train", limit=1)[0]
-    one_round = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=1))
+    one_round = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task, Limits(max_rounds=1))
     with pytest.raises(DemoError, match="protocol.max_rounds >= 2"):
         play_demo(distract_actions(task, revise=True), task, one_round)
     alone = make_demos("arith_distract", 6, role_sets["single_agent"], chat, registry)

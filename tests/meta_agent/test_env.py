@@ -10,7 +10,7 @@ from pettingzoo.test import api_test, seed_test
 from meta_agent.env import MetaAgentEnv
 from meta_agent.episode import Limits
 from meta_agent.runner import EpisodeFactory
-from meta_agent.tasks import grade
+from meta_agent.tasks import grade_task
 from tests.meta_agent.conftest import PLAN, REFLECTION, ROLE_CONFIGS, TASK, TASKS, answer, tool_call
 
 # PettingZoo's tests act with random printable text of up to 4,000 characters. A budget this large
@@ -24,7 +24,7 @@ def make_env(role_sets, chat, registry):
     def make(
         roles: str = "hierarchy", limits: Limits = ROOMY, render_mode: str | None = None
     ) -> MetaAgentEnv:
-        factory = EpisodeFactory(role_sets[roles], chat, registry, grade, limits)
+        factory = EpisodeFactory(role_sets[roles], chat, registry, grade_task, limits)
         return MetaAgentEnv(factory, TASKS, render_mode=render_mode)
 
     return make
@@ -113,6 +113,6 @@ def test_render_ansi_is_the_episode_markdown(make_env):
 
 
 def test_env_needs_tasks(role_sets, chat, registry):
-    factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade)
+    factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task)
     with pytest.raises(ValueError, match="at least one task"):
         MetaAgentEnv(factory, [])

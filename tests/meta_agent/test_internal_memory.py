@@ -24,7 +24,7 @@ from meta_agent.internal_memory import (
     with_notes,
 )
 from meta_agent.prompts import NOTES_HEADER
-from meta_agent.tasks import grade
+from meta_agent.tasks import grade_task
 from roles import Grammar, parse_notes
 from tests.meta_agent.conftest import PLAN, TASK, answer
 
@@ -175,7 +175,7 @@ def test_the_conformance_check_names_what_a_memory_gets_wrong(memory, says):
 
 def episode(role_sets, chat, registry, internal, rounds=3) -> Episode:
     return Episode(
-        TASK, role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=rounds), internal=internal
+        TASK, role_sets["hierarchy"], chat, registry, grade_task, Limits(max_rounds=rounds), internal=internal
     )
 
 

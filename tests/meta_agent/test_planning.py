@@ -30,7 +30,7 @@ from meta_agent.planning import (
 )
 from meta_agent.runner import EpisodeFactory, play
 from meta_agent.stats import majority, normal_answer
-from meta_agent.tasks import grade
+from meta_agent.tasks import grade_task
 from tests.meta_agent.conftest import TASK, TASKS, answer
 from training.types import GenerationResult
 
@@ -117,7 +117,7 @@ class Scripted:
 
 @pytest.fixture
 def factory(role_sets, chat, registry):
-    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=2))
+    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task, Limits(max_rounds=2))
 
 
 def tree_visits(node: Node) -> int:
@@ -331,7 +331,7 @@ def test_search_demos_write_the_plans_that_sft_reads_back(role_sets, chat, regis
     cfg = load_config(["planner.name=mcts", "planner.simulations=2", "planner.parallel=2", "sft.examples=3"])
     tasks = load_tasks(cfg.train.task, "train", limit=3, seed=cfg.seed)
     roles = role_sets["hierarchy"]
-    factory = EpisodeFactory(roles, chat, registry, grade, Limits(max_rounds=2))
+    factory = EpisodeFactory(roles, chat, registry, grade_task, Limits(max_rounds=2))
     system = SimpleNamespace(
         roles=roles, factory=factory, backend=KnowsTheAnswers(chat, tasks), backbone=None
     )
@@ -427,7 +427,7 @@ OTHER = TASKS[1]
 @pytest.fixture
 def one_round(role_sets, chat, registry):
     """No revision: a guessed plan's 7 stays the episode's answer, so samples disagree."""
-    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade, Limits(max_rounds=1))
+    return EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task, Limits(max_rounds=1))
 
 
 def test_best_of_n_answers_the_majority_of_the_samples_eval_draws(one_round, chat):

@@ -86,14 +86,14 @@ def test_two_executors_answer_for_their_round(make_episode):
 
 def test_probe_options_hide_the_plan_and_swap_adapters(make_episode, role_sets, chat, registry):
     from meta_agent.episode import Episode
-    from meta_agent.tasks import grade
+    from meta_agent.tasks import grade_task
 
     ep = Episode(
         TASK,
         role_sets["hierarchy"],
         chat,
         registry,
-        grade,
+        grade_task,
         show_plan=False,
         adapters={"meta_thinker": "mt_a"},
     )

@@ -11,7 +11,7 @@ from memory.store import FaissMemory
 from meta_agent.episode import Episode, Limits
 from meta_agent.rank_protocol import commit_lessons
 from meta_agent.runner import EpisodeFactory, play, request_seed
-from meta_agent.tasks import Task, grade
+from meta_agent.tasks import Task, grade_task
 from tests.meta_agent.conftest import PLAN, TASKS, answer, tool_call
 from training.distributed import Ranks
 from training.generation import HFBackend
@@ -49,7 +49,7 @@ def backend(tiny_backbone):
 
 @pytest.fixture
 def factory(roles, chat, registry):
-    return EpisodeFactory(roles, chat, registry, grade, LIMITS)
+    return EpisodeFactory(roles, chat, registry, grade_task, LIMITS)
 
 
 def staggered(factory: EpisodeFactory) -> list[Episode]:
@@ -137,7 +137,7 @@ def memory(minilm):
 
 
 def test_lessons_are_committed_after_the_batch(roles, chat, registry, memory, backend):
-    factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory=memory)
+    factory = EpisodeFactory(roles, chat, registry, grade_task, LIMITS, memory=memory)
     batch = [factory.new(TASKS[0])]
     script(batch[0])  # finished, with a lesson, before the rest of the batch even starts
     assert batch[0].lesson == LESSON
@@ -158,7 +158,7 @@ def test_lessons_are_committed_after_the_batch(roles, chat, registry, memory, ba
 
 def test_commit_lessons_settings(roles, chat, registry, memory):
     def commit(settings: MemorySettings, **script_kw) -> int:
-        factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory, settings)
+        factory = EpisodeFactory(roles, chat, registry, grade_task, LIMITS, memory, settings)
         ep = factory.new(TASKS[0])
         script(ep, **script_kw)
         return commit_lessons(memory, factory.lessons([ep]), Ranks())
@@ -171,6 +171,6 @@ def test_commit_lessons_settings(roles, chat, registry, memory):
     assert sorted(h.entry.reward for h in memory.search(LESSON, k=5)) == [-1.0, 1.0]
 
     for hidden in (MemorySettings(top_k=0), MemorySettings(enabled=False)):
-        factory = EpisodeFactory(roles, chat, registry, grade, LIMITS, memory, hidden)
+        factory = EpisodeFactory(roles, chat, registry, grade_task, LIMITS, memory, hidden)
         assert factory.new(TASKS[1]).memories == []
-    assert EpisodeFactory(roles, chat, registry, grade, LIMITS).lessons([]) == []
+    assert EpisodeFactory(roles, chat, registry, grade_task, LIMITS).lessons([]) == []
