@@ -23,6 +23,7 @@ from pathlib import Path
 
 from meta_agent.chat import ChatFormat
 from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops, check_lines, distract_actions
+from meta_agent.demo_code import pyfunc_actions
 from meta_agent.demo_gsm8k import MAX_PLAN_STEPS, gsm8k_actions
 from meta_agent.demo_script import (
     GENERIC_PLAN,
@@ -70,7 +71,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("arith", "arith_distract", "arith_distract_check", "gsm8k")
+SOURCES = ("arith", "arith_distract", "arith_distract_check", "gsm8k", "pyfunc")
 TURN_FIELDS = (
     "role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode", "correct"
 )  # fmt: skip
@@ -243,6 +244,11 @@ def make_demos(
             )
             for t in tasks
         ]
+    if name == "pyfunc":  # REVISE_SHARE with a wrong constant caught, as for arith_distract
+        tasks = load_tasks("pyfunc", "train", limit=n, seed=seed)
+        one = meta_thinker(roles) is not None and len(executors(roles)) == 1
+        revise = None if one and limits.max_rounds >= 2 else False
+        return [play_demo(pyfunc_actions(t, seed, grammar, revise), t, factory) for t in tasks]
     episodes: list[Episode] = []
     skipped = 0
     for task in load_tasks("gsm8k", "train", data_dir=data_dir):

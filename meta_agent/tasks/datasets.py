@@ -24,6 +24,7 @@ from meta_agent.tasks.arith_distract import make_distract_tasks
 from meta_agent.tasks.code import load_humaneval
 from meta_agent.tasks.custom import CustomTask, is_task_file, load_custom
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
+from meta_agent.tasks.pyfunc import make_pyfunc_tasks
 from meta_agent.tasks.types import Task
 
 T = TypeVar("T")
@@ -40,11 +41,13 @@ KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
     "arith": ("train", "test"),
     "arith_distract": ("train", "test"),  # arith with distractor quantities, see arith_distract.py
     "humaneval": ("test",),  # Python functions graded by unit tests in the sandbox, see code.py
+    "pyfunc": ("train", "test"),  # generated small functions with hidden tests, see pyfunc.py
 }
 
 # How many arith tasks `load_tasks` generates when no limit is given: enough for a training run,
 # and an eval set whose accuracy has a ~2-point standard error.
 ARITH_DEFAULT_SIZE = {"train": 5000, "test": 500}
+PYFUNC_ALL = 100_000  # more than either pyfunc split holds: all of it
 
 
 def load_tasks(
@@ -82,6 +85,8 @@ def load_tasks(
         return make_distract_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     if name == "humaneval":
         return load_humaneval(limit)
+    if name == "pyfunc":  # without a limit: the whole split (about 2,800 train and 700 test problems)
+        return make_pyfunc_tasks(split, PYFUNC_ALL if limit is None else limit, seed=seed)
     path = resolve_data_dir(data_dir) / name / f"{split}.jsonl"
     to_task = _ROW_READERS[name]
     tasks = []
