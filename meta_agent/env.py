@@ -11,21 +11,24 @@ executor's observation, and the executor acts again. Rewards arrive when the epi
         env.step(None if terminated or truncated else policy(agent, obs))
 
 Play many episodes at once, with batched generation, through `meta_agent.runner.play` instead.
+`ParallelExecutorsEnv` (below) is the ParallelEnv beside it: several executors on one plan at once.
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from gymnasium.spaces import Text
-from pettingzoo import AECEnv
+from pettingzoo import AECEnv, ParallelEnv
 
 from meta_agent.episode import Episode
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task
+from roles import EXECUTOR, META_THINKER
 
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 4_000
@@ -127,3 +130,101 @@ class MetaAgentEnv(AECEnv):
 
     def close(self) -> None:
         self.episode = None
+
+
+class ParallelExecutorsEnv(ParallelEnv):
+    """Several executors on one plan, acting at the same time: a PettingZoo ParallelEnv.
+
+    Agents are `executor_0` ... `executor_{n-1}`. Each plays its own episode of the same task with the
+    factory's executor (its tools, limits and grader), shown the same plan: `reset(options={"plan":
+    "<plan>...</plan>"})`, or none (the executor alone reads the question). Every step each live executor
+    sends one action, a generation segment as in MetaAgentEnv; the env runs any tool call and the
+    executor observes the result next step. An executor that answers (or runs out of budget) is done:
+    its reward is its episode's reward (1 for a right answer, less the penalties), `infos` give the
+    answer and whether it is right, and it leaves `agents`.
+
+        env = ParallelExecutorsEnv(factory, tasks, executors=4)
+        observations, infos = env.reset(seed=0, options={"plan": plan})
+        while env.agents:
+            observations, rewards, terminations, truncations, infos = env.step(
+                {agent: policy(observations[agent]) for agent in env.agents})
+    """
+
+    metadata = {"name": "meta_agent_parallel_executors_v0", "render_modes": []}
+
+    def __init__(self, factory: EpisodeFactory, tasks: Sequence[Task], executors: int = 2):
+        super().__init__()
+        if not tasks:
+            raise ValueError("ParallelExecutorsEnv needs at least one task")
+        if executors < 1:
+            raise ValueError(f"ParallelExecutorsEnv needs at least one executor, got {executors}")
+        executor_roles = [r for r in factory.roles if r.kind == EXECUTOR]
+        if not executor_roles:
+            raise ValueError("ParallelExecutorsEnv needs a factory whose roles include an executor")
+        self.factory = factory
+        self.tasks = list(tasks)
+        self.executor = executor_roles[0]
+        self.planner = next((r for r in factory.roles if r.kind == META_THINKER), None)
+        self.possible_agents = [f"executor_{i}" for i in range(executors)]
+        self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
+        self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
+        self.episodes: dict[str, Episode] = {}
+
+    def observation_space(self, agent: str) -> TextSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> TextSpace:
+        return self.action_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        options = options or {}
+        task = options.get("task")
+        if not isinstance(task, Task):
+            task = self.tasks[int(np.random.default_rng(seed).integers(len(self.tasks)))]
+        plan = options.get("plan")
+        if plan is not None and self.planner is None:
+            raise ValueError("a plan needs a meta-thinker among the factory's roles to carry it")
+        roles = [self.planner, self.executor] if plan is not None else [self.executor]
+        self.agents = list(self.possible_agents)
+        self.episodes = {}
+        for agent in self.agents:
+            # one round, no reflection: the episode ends when its executor answers
+            one_round = replace(self.factory.limits, max_rounds=1)
+            episode = self.factory.new(task, roles=roles, final_reflection=False, limits=one_round)
+            if plan is not None:
+                episode.advance_text(plan)  # the meta-thinker's turn, the same text for every executor
+            self.episodes[agent] = episode
+        return {a: self._observe(a) for a in self.agents}, {a: {"task": task.id} for a in self.agents}
+
+    def step(self, actions: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
+        missing = [a for a in self.agents if a not in actions]
+        if missing:
+            raise ValueError(f"every live agent acts each step; no action for {missing}")
+        observations, rewards, terminations, truncations, infos = {}, {}, {}, {}, {}
+        for agent in list(self.agents):
+            action = actions[agent]
+            if not isinstance(action, str):
+                raise TypeError(
+                    f"action for {agent} must be a str (the generated text), got {type(action).__name__}"
+                )
+            episode = self.episodes[agent]
+            if not episode.done:
+                episode.advance_text(action)
+            done = episode.done
+            observations[agent] = self._observe(agent)
+            rewards[agent] = episode.rewards.get(self.executor.name, 0.0) if done else 0.0
+            terminations[agent] = done and not episode.truncated
+            truncations[agent] = done and episode.truncated
+            infos[agent] = {"task": episode.task.id}
+            if done:
+                infos[agent] |= {"answer": episode.final_answer, "correct": episode.correct}
+        self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]
+        return observations, rewards, terminations, truncations, infos
+
+    def _observe(self, agent: str) -> TextObservation:
+        episode = self.episodes[agent]
+        text = episode.observation() if not episode.done else ""
+        return TextObservation(text[-MAX_OBSERVATION_CHARS:])
+
+    def close(self) -> None:
+        self.episodes = {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from pettingzoo.test import api_test, seed_test
+from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, seed_test
 
-from meta_agent.env import MetaAgentEnv
+from meta_agent.env import MetaAgentEnv, ParallelExecutorsEnv
 from meta_agent.episode import Limits
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import grade_task
@@ -116,3 +116,56 @@ def test_env_needs_tasks(role_sets, chat, registry):
     factory = EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task)
     with pytest.raises(ValueError, match="at least one task"):
         MetaAgentEnv(factory, [])
+
+
+@pytest.fixture
+def make_parallel(role_sets, chat, registry):
+    def make(roles: str = "hierarchy", executors: int = 3, limits: Limits = ROOMY) -> ParallelExecutorsEnv:
+        factory = EpisodeFactory(role_sets[roles], chat, registry, grade_task, limits)
+        return ParallelExecutorsEnv(factory, TASKS, executors=executors)
+
+    return make
+
+
+@pytest.mark.parametrize("roles", ["hierarchy", "single_agent"])
+def test_parallel_env_passes_pettingzoo_parallel_api_test(make_parallel, roles):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        parallel_api_test(make_parallel(roles), num_cycles=8)
+
+
+def test_parallel_env_seed_test(make_parallel):
+    parallel_seed_test(lambda: make_parallel("single_agent"), num_cycles=8)
+
+
+def test_executors_act_at_once_on_one_plan_and_each_is_graded(make_parallel):
+    env = make_parallel(executors=3)
+    observations, infos = env.reset(options={"task": TASK, "plan": PLAN})
+    assert env.agents == ["executor_0", "executor_1", "executor_2"]
+    assert all("multiply then add" in obs and TASK.question in obs for obs in observations.values())
+    call = tool_call("calculator", expression=TASK.meta["expression"])
+    observations, rewards, terminations, _, infos = env.step(
+        {"executor_0": answer(TASK.answer), "executor_1": call, "executor_2": answer("12")}
+    )
+    assert env.agents == ["executor_1"]  # the other two answered: right, and wrong
+    assert rewards == {"executor_0": 1.0, "executor_1": 0.0, "executor_2": 0.0}
+    assert terminations == {"executor_0": True, "executor_1": False, "executor_2": True}
+    assert infos["executor_0"]["correct"] and not infos["executor_2"]["correct"]
+    assert "<tool_result>\n" + TASK.answer in observations["executor_1"]  # the calculator ran
+    _, rewards, terminations, _, infos = env.step({"executor_1": answer(TASK.answer)})
+    assert rewards == {"executor_1": 1.0} and terminations == {"executor_1": True} and env.agents == []
+    assert infos["executor_1"] == {"task": TASK.id, "answer": TASK.answer, "correct": True}
+
+
+def test_parallel_env_refuses_what_it_cannot_do(make_parallel, role_sets, chat, registry):
+    env = make_parallel("single_agent")
+    with pytest.raises(ValueError, match="a plan needs a meta-thinker"):
+        env.reset(options={"plan": PLAN})
+    env = make_parallel()
+    env.reset(seed=1)
+    with pytest.raises(ValueError, match="no action for \\['executor_2'\\]"):
+        env.step({"executor_0": "x", "executor_1": "y"})
+    with pytest.raises(ValueError, match="at least one executor"):
+        ParallelExecutorsEnv(
+            EpisodeFactory(role_sets["hierarchy"], chat, registry, grade_task), TASKS, executors=0
+        )
