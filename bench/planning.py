@@ -113,7 +113,7 @@ def run_seed(
     cfg: Config, system, seed: int, budgets: list[int], limit: int, temperature: float | None = None
 ) -> dict:
     task = cfg.train.eval_task
-    tasks = {task: load_tasks(task, "test", limit=limit, seed=seed)}
+    tasks = {task: load_tasks(task, "test", limit=limit, seed=seed, custom=cfg.custom_tasks)}
     out = {}
     # The last round's reflection can change no answer: every arm skips it, as the search does with votes.
     last = cfg.planner.value == "verdict"

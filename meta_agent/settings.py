@@ -227,7 +227,7 @@ class Config:
     adapters: str | None = None
     demos_out: str | None = None  # meta-agent demos: the .jsonl file to write; null: <run_dir>/demos.jsonl
     # a researcher's own tasks by name, usable wherever a task is named (train.task, eval.tasks, ...):
-    # {path: data.jsonl, question: <field>, answer: <field>, grader: math|exact|numeric, split: <field>,
+    # {path: data.jsonl, question: <field>, answer: <field>, grader: math|exact|numeric|code, split: <field>,
     # test_share: 0.2} or {loader: module:function} (meta_agent/tasks/custom.py; README "Your own task")
     # (a plain mapping here, each entry checked as a CustomTask, so that `+custom_tasks.mine={path: ...}`
     # works on the command line too)

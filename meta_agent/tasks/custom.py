@@ -55,8 +55,15 @@ class CustomTask:
             raise SettingError(
                 f"test_share={self.test_share} must be between 0 and 1 (the share of rows tested)"
             )
-        if self.loader is not None and ":" not in self.loader:
+        module, _, function = (self.loader or ":").partition(":")
+        if self.loader is not None and not (module and function.isidentifier()):
             raise SettingError(f"loader={self.loader!r} must be module:function, e.g. my_package.tasks:load")
+        for key in ("path", "question", "answer", "split"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise SettingError(
+                    f"{key}={value!r} must be a non-empty text (a {'file' if key == 'path' else 'field name'})"
+                )
 
 
 def is_task_file(name: str) -> bool:
@@ -68,10 +75,17 @@ def load_custom(name: str, spec: CustomTask, split: str, limit: int | None, seed
     """The tasks of the custom task `name` (spec `spec`) in `split`, the first `limit` of them or all."""
     if split not in SPLITS:
         raise SettingError(f"task {name!r} has splits {SPLITS}, not {split!r}")
+    if limit is not None and limit < 0:
+        raise SettingError(f"limit must be >= 0 or None, got {limit}")
+    if limit == 0:
+        return []
     if spec.loader is not None:
         return _from_loader(name, spec.loader, split, limit, seed)
-    one_file = "{split}" not in spec.path and spec.split is None and spec.test_share is None
-    if one_file and split != "test":
+    # the first rule that applies: one file a split, a split field, a hashed share, or a test file alone
+    by_path = "{split}" in spec.path
+    by_field = not by_path and spec.split is not None
+    by_share = not by_path and not by_field and spec.test_share is not None
+    if not (by_path or by_field or by_share) and split != "test":
         raise SettingError(
             f"task {name!r} is one file with no train split: put {{split}} in its path, name the rows' "
             f"split field (split=...), or set test_share to hold some rows out"
@@ -82,7 +96,7 @@ def load_custom(name: str, spec: CustomTask, split: str, limit: int | None, seed
         where = f"{path}:{line_no}"
         if not isinstance(row, dict):
             raise BadData(f"{where}: a row must be an object with the task's fields, not {row!r:.60}")
-        if spec.split is not None:
+        if by_field:
             if spec.split not in row:
                 raise BadData(f"{where}: no {spec.split!r} field (the split field); fields: {sorted(row)}")
             if row[spec.split] not in SPLITS:
@@ -90,7 +104,7 @@ def load_custom(name: str, spec: CustomTask, split: str, limit: int | None, seed
             if row[spec.split] != split:
                 continue
         question = _text_field(row, spec.question, where)
-        if spec.test_share is not None and _in_test(question, spec.test_share) != (split == "test"):
+        if by_share and _in_test(question, spec.test_share) != (split == "test"):
             continue
         gold = _gold_field(row, spec.answer, where)
         tasks.append(Task(f"{name}/{split}/{line_no}", question, gold, name, {"row": line_no}, spec.grader))
@@ -134,7 +148,10 @@ def _hf_rows(path: Path) -> list[dict]:
             f"{path} needs the `datasets` package to read: pip install datasets (or give a .jsonl file)"
         ) from None
     if path.is_dir():
-        data = datasets.load_from_disk(str(path))
+        try:
+            data = datasets.load_from_disk(str(path))
+        except FileNotFoundError:
+            raise SettingError(f"{path} is a folder but not one `datasets` saved (save_to_disk)") from None
         if isinstance(data, datasets.DatasetDict):
             raise SettingError(
                 f"{path} holds the splits {list(data)}: give one split's folder, or put {{split}} in the path"

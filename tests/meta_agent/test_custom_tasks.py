@@ -84,6 +84,13 @@ def test_test_share_splits_by_a_hash_of_the_question_disjointly(tmp_path):
     assert {t.question for t in test} <= {t.question for t in again}
 
 
+def test_the_first_split_rule_that_applies_is_the_only_one(tmp_path):
+    rows = [{"question": f"Q{i}?", "answer": i, "fold": "test"} for i in range(40)]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    both = CustomTask(path=str(path), split="fold", test_share=0.5)  # the split field wins
+    assert len(load_tasks("both", "test", custom={"both": both})) == 40
+
+
 def test_split_in_the_path_and_a_bare_jsonl_name(tmp_path):
     (tmp_path / "d").mkdir()
     write_jsonl(tmp_path / "d" / "train.jsonl", [{"question": "1+1?", "answer": "2"}])
@@ -118,6 +125,12 @@ def test_bad_rows_name_file_line_and_field(tmp_path):
         (tmp_path / "bad.jsonl").write_text(text, encoding="utf-8")
         with pytest.raises(BadData, match=f"bad.jsonl{message}"):
             load_tasks("bad", "train", custom=custom)
+    assert load_tasks("bad", "train", limit=0, custom=custom) == []
+    with pytest.raises(SettingError, match="limit must be >= 0"):
+        load_tasks("bad", "train", limit=-1, custom=custom)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SettingError, match="not one `datasets` saved"):
+        load_tasks("f", "test", custom={"f": CustomTask(path=str(tmp_path / "folder"))})
     with pytest.raises(MissingFile, match="task file .*nowhere.jsonl not found"):
         load_tasks("x", "test", custom={"x": CustomTask(path=str(tmp_path / "nowhere.jsonl"))})
 
@@ -160,6 +173,8 @@ def test_custom_tasks_from_the_command_line_and_their_mistakes(tmp_path):
         "+custom_tasks.caps={question:q}": "custom_tasks.caps: a custom task needs one of path",
         "+custom_tasks.gsm8k={path:a.jsonl}": "custom_tasks.gsm8k: a built-in task has that name",
         "+custom_tasks.caps={path:a.jsonl,test_share:1.5}": "test_share=1.5 must be between 0 and 1",
+        "+custom_tasks.caps={loader:':f'}": "loader=':f' must be module:function",
+        "+custom_tasks.caps={path:a.jsonl,question:[q]}": "question=\\['q'\\] must be a non-empty text",
     }
     for override, message in mistakes.items():
         with pytest.raises(SettingError, match=message):

@@ -9,6 +9,7 @@ from meta_agent.config import load_config
 from meta_agent.demo_code import pyfunc_actions
 from meta_agent.demos import make_demos
 from meta_agent.tasks import grade_task, load_tasks
+from meta_agent.tasks.code import read_gold
 from meta_agent.tasks.pyfunc import BY_KIND, TEMPLATES, make_pyfunc_tasks, problem_key, reference
 
 
@@ -17,7 +18,11 @@ def test_splits_are_disjoint_deterministic_and_prefixes():
     test = make_pyfunc_tasks("test", 100_000)
     assert not {t.id for t in train} & {t.id for t in test}
     assert not {t.question for t in train} & {t.question for t in test}
-    assert len(test) > 500 and len(train) > 4 * len(test) * 0.8
+    assert len(test) > 300 and len(train) > 3 * len(test)
+    same = {(t.meta["template"], tuple(sorted(t.meta["params"].items()))) for t in train}
+    assert not same & {
+        (t.meta["template"], tuple(sorted(t.meta["params"].items()))) for t in test
+    }  # any name
     assert make_pyfunc_tasks("test", 20, seed=1) == make_pyfunc_tasks("test", 40, seed=1)[:20]
     assert make_pyfunc_tasks("test", 20, seed=1) != make_pyfunc_tasks("test", 20, seed=2)
     assert {t.meta["template"] for t in make_pyfunc_tasks("train", 200)} == {t.kind for t in TEMPLATES}
@@ -29,7 +34,9 @@ def test_examples_and_hidden_tests_come_from_the_reference_solution():
         solve = reference(template, task.meta["function"], task.meta["params"])
         for x, y in task.meta["examples"]:
             assert solve(x) == y and f"{task.meta['function']}({x!r}) == {y!r}" in task.question
-        assert task.grader == "code" and task.answer.count("assert ") == 6
+        tests, setup, functions = read_gold(task.answer)
+        assert task.grader == "code" and tests.count("assert ") == 6 and functions == [task.meta["function"]]
+        assert len({line.split(" == ")[1] for line in tests.splitlines()}) >= 2  # no constant answer passes
         assert grade_task(task.meta["solution"], task), task.id
         assert task.meta["solution"] not in task.question  # the question never shows the code
 
@@ -39,7 +46,8 @@ def test_a_wrong_constant_fails_the_hidden_tests():
     k = task.meta["params"]["k"]
     wrong = task.meta["solution"].replace(f"% {k} ==", f"% {k + 1} ==")
     assert wrong != task.meta["solution"] and not grade_task(wrong, task)
-    assert problem_key("clip", "bound", {"lo": 1, "hi": 20}) == "clip|bound|hi=20,lo=1"
+    assert problem_key("clip", {"lo": 1, "hi": 20}) == "clip|hi=20,lo=1"
+    assert not grade_task(f"def {task.meta['function']}(xs):\n    return 0", task)
 
 
 @pytest.fixture(scope="module")
