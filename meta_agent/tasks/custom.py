@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks.grading import GRADERS, normalize_gold
+from meta_agent.tasks.jsonl import json_lines
 from meta_agent.tasks.types import Task
 
 SPLITS = ("train", "test")
@@ -128,14 +128,7 @@ def _rows(path: Path) -> Iterator[tuple[int, Any]]:
     if path.is_dir() or path.suffix in HF_SUFFIXES:
         yield from enumerate(_hf_rows(path), start=1)
         return
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadData(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
+    yield from json_lines(path)
 
 
 def _hf_rows(path: Path) -> list[dict]:

@@ -11,7 +11,6 @@ then `data/` at the repository root.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ from meta_agent.tasks.arith_distract import make_distract_tasks
 from meta_agent.tasks.code import load_humaneval
 from meta_agent.tasks.custom import CustomTask, is_task_file, load_custom
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
+from meta_agent.tasks.jsonl import json_lines
 from meta_agent.tasks.pyfunc import make_pyfunc_tasks
 from meta_agent.tasks.types import Task
 
@@ -122,14 +122,7 @@ def _read_jsonl(path: Path, what: str):
             f"(sources in data/README.md of the repository), or point {DATA_ENV} or data_dir "
             f"at a folder that holds it."
         )
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadData(f"{path}:{line_no}: not valid JSON ({e.msg}); is the file complete?") from e
+    yield from json_lines(path)
 
 
 def _field(row: dict[str, Any], key: str, task_id: str) -> Any:

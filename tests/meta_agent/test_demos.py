@@ -259,20 +259,26 @@ def distract(distract_config, chat, registry):
     return make_demos("arith_distract", 8, cfg.role_list, chat, registry, limits=cfg.protocol)
 
 
+def assert_within_budgets(episodes, cfg, chat) -> None:
+    """160 demonstrations, each right and untruncated, every generation (each segment between tool
+    results) within its role's max_new_tokens under `cfg`."""
+    budget = {r.name: r.sampling.max_new_tokens for r in cfg.role_list}
+    assert len(episodes) == 160 and all(ep.correct and not ep.truncated for ep in episodes)
+    for ep in episodes:
+        for turn in ep.turns:
+            segments = turn.text.split("</tool_result>\n")
+            assert all(len(chat.encode(s)) <= budget[turn.role] for s in segments), turn.text
+
+
 def test_distract_demos_fit_the_experiments_budgets(distract_config, chat, registry):
     """Every demonstration the experiment's SFT makes (160 a seed) fits its episode budget, and each
     generation its role's: seed 13 once had a 780-token episode and reflections of 174 tokens."""
     cfg = distract_config
-    budget = {r.name: r.sampling.max_new_tokens for r in cfg.role_list}
     for seed in (0, 13):
         episodes = make_demos(
             "arith_distract", 160, cfg.role_list, chat, registry, seed=seed, limits=cfg.protocol
         )
-        assert len(episodes) == 160 and all(ep.correct and not ep.truncated for ep in episodes)
-        for ep in episodes:
-            for turn in ep.turns:
-                segments = turn.text.split("</tool_result>\n")
-                assert all(len(chat.encode(s)) <= budget[turn.role] for s in segments), turn.text
+        assert_within_budgets(episodes, cfg, chat)
 
 
 def test_distract_demos_catch_the_mistake_and_revise(distract_config, chat, registry):
@@ -414,18 +420,13 @@ def test_check_demos_open_every_reflection_alike_and_fit_the_budgets(check_confi
     its first words; the line that found something (a step backwards, a number in no step) is the only
     difference, and the verdict follows it. Each fits its experiment's budgets (seeds 0 and 13)."""
     cfg = check_config
-    budget = {r.name: r.sampling.max_new_tokens for r in cfg.role_list}
     for seed in (0, 13):
         episodes = make_demos(
             "arith_distract_check", 160, cfg.role_list, chat, registry, seed=seed, limits=cfg.protocol
         )
-        assert len(episodes) == 160 and all(ep.correct and not ep.truncated for ep in episodes)
+        assert_within_budgets(episodes, cfg, chat)
         kinds = set()
         for ep in episodes:
-            for turn in ep.turns:
-                assert all(
-                    len(chat.encode(s)) <= budget[turn.role] for s in turn.text.split("</tool_result>\n")
-                )
             for turn, rnd in zip([t for t in ep.turns if t.kind == "reflect"], ep.rounds, strict=True):
                 assert turn.text.startswith('<reflection>Step 1, "Multiply ')
                 found = "Backwards: the question" in turn.text or "is in no step" in turn.text
