@@ -139,7 +139,9 @@ def workload(cfg: Config, system: System, prompts: int) -> Workload:
     """The first `prompts` arith train questions as the executor's first prompt of an episode."""
     tasks = cfg.tasks(cfg.train.task, "train", prompts)
     if any(t.grader != "math" for t in tasks):  # the TRL side gets the gold text alone, no grader
-        raise SettingError(f"train.task={cfg.train.task}: this comparison grades with math-verify; pick a math task")
+        raise SettingError(
+            f"train.task={cfg.train.task}: this comparison grades with math-verify; pick a math task"
+        )
     prompt_ids = [system.factory.new(task).request().prompt_ids for task in tasks]
     return Workload(tasks, prompt_ids, [system.chat.decode_raw(ids) for ids in prompt_ids])
 
