@@ -13,6 +13,8 @@ harness, with each of the answer's functions replaced by a call across. So the a
 process with the tests: it cannot read them, patch them, end them early or print their verdict, and a
 result must be a plain value (a number, text, list, dict, ...) that `ast.literal_eval` reads back, so an
 object "equal to everything" is no result. The harness exits 0 when every test passed, which is the grade.
+What this asks of a test program: arguments and results are Python literals (no float('inf'), no
+functions), and a test cannot see an argument changed in place.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ for line in sys.stdin:
             exec(compile(message["code"], "<answer>", "exec"), scope)
             reply = {"names": [n for n, v in scope.items() if callable(v) and not n.startswith("__")]}
         else:
-            args = ast.literal_eval(message["args"])
-            reply = {"result": repr(scope[message["call"]](*args))}
+            args, kwargs = ast.literal_eval(message["args"]), ast.literal_eval(message["kwargs"])
+            reply = {"result": repr(scope[message["call"]](*args, **kwargs))}
     except BaseException as e:
         reply = {"error": type(e).__name__ + ": " + str(e)[:200]}
     replies.write(json.dumps(reply) + "\n")
@@ -78,8 +80,8 @@ def ask(message):
     return reply
 defined = ask({{"code": ANSWER}})["names"]
 def stand_in(name):
-    def call(*args):
-        return ast.literal_eval(ask({{"call": name, "args": repr(args)}})["result"])
+    def call(*args, **kwargs):
+        return ast.literal_eval(ask({{"call": name, "args": repr(args), "kwargs": repr(kwargs)}})["result"])
     return call
 scope = {{"__name__": "__main__"}}
 exec(compile(SETUP, "<setup>", "exec"), scope)

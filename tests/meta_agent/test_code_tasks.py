@@ -23,6 +23,7 @@ def test_grade_code_runs_the_tests_on_the_answer():
     assert not grade_code("def add(a, b) return a + b", TESTS)  # does not compile
     assert not grade_code("", TESTS) and not grade_code("def add(a, b):\n    return a + b", "")
     assert not grade_code("def plus(a, b):\n    return a + b", TESTS)  # add is not defined
+    assert grade_code("def add(a, b=0):\n    return a + b", "assert add(2, b=3) == 5\nassert add(4) == 4")
 
 
 def test_gold_answers_name_tests_setup_and_functions():
