@@ -39,6 +39,12 @@ REVISE_SHARE = 0.5
 # hierarchy made both: of 27 wrong answers in seed 0's probe before GRPO, 14 used the distractor and the
 # rest had an operation wrong in the plan.
 MISTAKES = ("distractor", "operation")
+# With reflections written as one check (sft.source=arith_distract_check) a third: the plan leaves out a
+# step. In seed 0's probe after SFT on the checks, 25 of 30 wrong answers had a plan that left out a number
+# the question needs. (As a third mistake of the default reflections, whose openings differ by mistake, one
+# more opening made the accepting one the likeliest: README, "Measured: does it learn?"; the checks all
+# open alike.)
+CHECK_MISTAKES = (*MISTAKES, "missing")
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 
 _ARITH = re.compile(r"(\()?(\d+)\*(\d+)((?:[+-]\d+(?:\*\d+)?)*)(\))?(?:/(\d+))?")
@@ -209,7 +215,8 @@ def distract_actions(
     script = arith_actions(task, style, seed, grammar)
     if check:
         ops = arith_ops(task.meta["expression"])
-        body = check_lines(task.question, ops, ops, [n for _, numbers in ops for n in numbers])
+        used = [n for _, numbers in ops for n in numbers]
+        body = check_lines(task.question, ops, ops, used, tuple(task.meta["distractors"]))
         lesson = "Check each step against its sentence, and each number of the work against the plan."
         script = replace(
             script, reflection=reflection_text(f"{body}\nSo the answer stands.", lesson, grammar)
@@ -218,11 +225,16 @@ def distract_actions(
         revise = random.Random(f"revise|{seed}|{task.id}").random() < REVISE_SHARE
     if not revise:
         return script
+    kinds = CHECK_MISTAKES if check else MISTAKES
     if mistake is None:
-        mistake = random.Random(f"mistake|{seed}|{task.id}").choice(MISTAKES)
-    if mistake not in MISTAKES:
-        raise ValueError(f"a demonstration's mistake must be one of {MISTAKES}, got {mistake!r}")
-    revision = _operation_revision(task, script, seed, grammar, check) if mistake == "operation" else None
+        mistake = random.Random(f"mistake|{seed}|{task.id}").choice(kinds)
+    if mistake not in kinds:
+        raise ValueError(f"a demonstration's mistake must be one of {kinds}, got {mistake!r}")
+    revision = None
+    if mistake == "operation":
+        revision = _operation_revision(task, script, seed, grammar, check)
+    elif mistake == "missing":
+        revision = _missing_revision(task, script, seed, grammar)
     return replace(script, revision=revision or _distractor_revision(task, script, grammar, check))
 
 
@@ -231,28 +243,43 @@ def check_lines(
     plan_ops: list[tuple[str, tuple[int, ...]]],
     true_ops: list[tuple[str, tuple[int, ...]]],
     used: list[int],
+    distractors: tuple[int, ...] = (),
 ) -> str:
-    """A reflection's check of one round: a line per operation of the plan (`plan_ops`, as arith_ops
-    gives them) read against the first sentence of the question with its number, "Agrees." or, where
-    the question's own operation (`true_ops`) is the other way, "Backwards: the question adds it."
-    ("takes it away"); then the numbers of the question the executor used (`used`, in order) against
-    the plan's, with the sentence of any the plan lacks.
+    """A reflection's check of one round. A line per operation of the plan (`plan_ops`, as arith_ops gives
+    them) read against the first sentence of the question with its number: "Agrees.", or, where the
+    question's own operation on that number (`true_ops`) is the other way, "Backwards: the question adds
+    it." ("takes it away"). Then a line per number of the question the plan lacks, in the question's
+    order: a `distractors` number "does not matter", one the question's operations need "Left out". Then
+    the numbers of the question the executor used (`used`, in order) against the plan's, with the
+    sentence of any the plan lacks.
 
     check_lines("It has 5 boxes of 3. It gets 2 more. It had 9 visits.", [("mul", (5, 3)),
-    ("sub", (2,))], [("mul", (5, 3)), ("add", (2,))], [5, 3, 2, 9]) ->
+    ("sub", (2,))], [("mul", (5, 3)), ("add", (2,))], [5, 3, 2, 9], distractors=(9,)) ->
     'Step 1, "Multiply 5 by 3.": "It has 5 boxes of 3." Agrees.\n'
     'Step 2, "Subtract 2.": "It gets 2 more." Backwards: the question adds it.\n'
+    'Not in the plan: 9, "It had 9 visits." The asked quantity does not depend on it.\n'
     'The numbers of the question in the work: 5, 3, 2 and 9; 9 is in no step: "It had 9 visits."'
     """
+    truth = {numbers[0]: kind for kind, numbers in true_ops}
     lines = []
-    for k, ((kind, numbers), (truth, _)) in enumerate(zip(plan_ops, true_ops, strict=True), start=1):
+    for k, (kind, numbers) in enumerate(plan_ops, start=1):
         step = f"Multiply {numbers[0]:,} by {numbers[1]:,}." if kind == "mul" else _step(kind, numbers)
         sentence = _sentences_with(question, f"{numbers[0]:,}")[0]
+        real = truth.get(numbers[0], kind)
         verdict = "Agrees."
-        if kind != truth:
-            verdict = f"Backwards: the question {'adds it' if truth.startswith('add') else 'takes it away'}."
+        if real != kind:
+            verdict = f"Backwards: the question {'adds it' if real.startswith('add') else 'takes it away'}."
         lines.append(f'Step {k}, "{step}": "{sentence}" {verdict}')
     planned = {n for _, numbers in plan_ops for n in numbers}
+    unplanned = [numbers[0] for _, numbers in true_ops if numbers[0] not in planned]
+    unplanned += [d for d in distractors if d not in planned]
+    for n in sorted(unplanned, key=lambda x: question.find(f"{x:,}")):
+        sentence = _sentences_with(question, f"{n:,}")[0]
+        if n in distractors:
+            lines.append(f'Not in the plan: {n:,}, "{sentence}" The asked quantity does not depend on it.')
+        else:
+            how = "adds it" if truth[n].startswith("add") else "takes it away"
+            lines.append(f'Not in the plan: {n:,}, "{sentence}" Left out: the question {how}.')
     order = list(dict.fromkeys(used))
     shown = join_words([f"{n:,}" for n in order])
     extra = [n for n in order if n not in planned]
@@ -262,6 +289,38 @@ def check_lines(
         missing = "; ".join(f'{n:,} is in no step: "{_sentences_with(question, f"{n:,}")[0]}"' for n in extra)
         lines.append(f"The numbers of the question in the work: {shown}; {missing}")
     return "\n".join(lines)
+
+
+def _missing_revision(task: Task, script: DemoScript, seed: int, grammar: Grammar) -> Revision | None:
+    """A first round whose plan leaves out one add or subtract step (the executor follows it), and the
+    check that finds the question's number the plan lacks; the fix appends the step. None where the
+    problem ends with a division (an appended step would come after it) or the plan cannot be written."""
+    ops = arith_ops(task.meta["expression"])
+    choices = [i for i, (kind, _) in enumerate(ops) if kind in _BACKWARDS]
+    if any(kind == "div" for kind, _ in ops) or not choices:
+        return None
+    k = random.Random(f"missing|{seed}|{task.id}").choice(choices)
+    kind, numbers = ops[k]
+    if len(_sentences_with(task.question, f"{numbers[0]:,}")) != 1:
+        return None
+    wrong_ops = [*ops[:k], *ops[k + 1 :]]
+    steps = _plan_steps(wrong_ops, script.style)
+    plan = plan_text(steps, task.answer, grammar)
+    if GENERIC_PLAN in plan:
+        return None
+    work, wrong = (_one_call if script.style == "one_call" else _step_calls)(wrong_ops, grammar)
+    if wrong == script.answer:
+        raise ValueError(f"{task.id}: leaving out step {k + 1} leaves the answer as it was")
+    used = [n for _, xs in wrong_ops for n in xs]
+    body = check_lines(task.question, wrong_ops, ops, used, tuple(task.meta["distractors"]))
+    reflection = fix_text(
+        f"{body}\nSo a step is missing.",
+        "Check that every number the asked quantity depends on has its step in the plan.",
+        len(steps) + 1,
+        _step(kind, numbers),
+        grammar,
+    )
+    return Revision(work, reflection, plan=plan)
 
 
 def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar, check: bool = False) -> Revision:
@@ -287,7 +346,8 @@ def _distractor_revision(task: Task, script: DemoScript, grammar: Grammar, check
     if check:
         used = [*(n for _, numbers in ops for n in numbers), task.meta["distractors"][0]]
         said = (
-            f"{check_lines(task.question, ops, ops, used)}\nSo the executor used a number the plan does not."
+            f"{check_lines(task.question, ops, ops, used, tuple(task.meta['distractors']))}\n"
+            "So the executor used a number the plan does not."
         )
     reflection = fix_text(
         said,
@@ -324,7 +384,8 @@ def _operation_revision(
     )
     if check:
         used = [n for _, xs in ops for n in xs]
-        said = f"{check_lines(task.question, wrong_ops, ops, used)}\nSo step {k + 1} is backwards."
+        body = check_lines(task.question, wrong_ops, ops, used, tuple(task.meta["distractors"]))
+        said = f"{body}\nSo step {k + 1} is backwards."
     reflection = fix_text(
         said,
         "Check each step against its sentence: add what the question adds, subtract what it takes away.",

@@ -397,17 +397,29 @@ def test_check_lines_read_each_step_against_its_sentence_and_the_work_against_th
     question = "It has 5 boxes of 3. It gets 2 more. It had 9 visits. It gives away 4."
     truth = [("mul", (5, 3)), ("add", (2,)), ("sub", (4,))]
     backwards = [("mul", (5, 3)), ("sub", (2,)), ("add", (4,))]
-    assert check_lines(question, backwards, truth, [5, 3, 2, 4]).split("\n") == [
+    assert check_lines(question, backwards, truth, [5, 3, 2, 4], distractors=(9,)).split("\n") == [
         'Step 1, "Multiply 5 by 3.": "It has 5 boxes of 3." Agrees.',
         'Step 2, "Subtract 2.": "It gets 2 more." Backwards: the question adds it.',
         'Step 3, "Add 4.": "It gives away 4." Backwards: the question takes it away.',
+        'Not in the plan: 9, "It had 9 visits." The asked quantity does not depend on it.',
         "The numbers of the question in the work: 5, 3, 2 and 4, all in the plan.",
     ]
-    assert check_lines(question, truth, truth, [5, 3, 2, 9, 4, 2]).split("\n")[1:] == [
+    assert check_lines(question, truth, truth, [5, 3, 2, 9, 4, 2], distractors=(9,)).split("\n")[1:] == [
         'Step 2, "Add 2.": "It gets 2 more." Agrees.',
         'Step 3, "Subtract 4.": "It gives away 4." Agrees.',
+        'Not in the plan: 9, "It had 9 visits." The asked quantity does not depend on it.',
         'The numbers of the question in the work: 5, 3, 2, 9 and 4; 9 is in no step: "It had 9 visits."',
     ]
+    left_out = [("mul", (5, 3)), ("sub", (4,))]  # the plan lacks "Add 2."
+    assert check_lines(question, left_out, truth, [5, 3, 4], distractors=(9,)).split("\n")[1:] == [
+        'Step 2, "Subtract 4.": "It gives away 4." Agrees.',
+        'Not in the plan: 2, "It gets 2 more." Left out: the question adds it.',
+        'Not in the plan: 9, "It had 9 visits." The asked quantity does not depend on it.',
+        "The numbers of the question in the work: 5, 3 and 4, all in the plan.",
+    ]
+
+
+FOUND = {"backwards": "Backwards: the question", "distractor": "is in no step", "missing": "Left out:"}
 
 
 @pytest.fixture(scope="module")
@@ -429,13 +441,13 @@ def test_check_demos_open_every_reflection_alike_and_fit_the_budgets(check_confi
         for ep in episodes:
             for turn, rnd in zip([t for t in ep.turns if t.kind == "reflect"], ep.rounds, strict=True):
                 assert turn.text.startswith('<reflection>Step 1, "Multiply ')
-                found = "Backwards: the question" in turn.text or "is in no step" in turn.text
+                found = any(x in turn.text for x in ("Backwards: the question", "is in no step", "Left out:"))
                 assert found == (rnd.verdict == "revise") == (not rnd.correct), turn.text
                 if found:
-                    kinds.add("backwards" if "Backwards" in turn.text else "distractor")
+                    kinds.add(next(k for k, x in FOUND.items() if x in turn.text))
                     step = re.search(r"So step (\d+) is backwards", turn.text)
                     if step:  # the fix is of the step the check found backwards
                         assert f'<fix step="{step[1]}">' in turn.text
                 else:
                     assert "So the answer stands.</reflection>" in turn.text
-        assert kinds == {"backwards", "distractor"}
+        assert kinds == set(FOUND)
