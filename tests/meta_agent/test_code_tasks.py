@@ -92,6 +92,7 @@ def test_an_answer_cannot_pass_without_the_tests_passing(hostile):
     assert not grade_code(hostile, TESTS)
 
 
+@pytest.mark.slow  # 164 sandboxed programs of two processes each: about 15 s alone on 2 cores
 def test_every_humaneval_reference_solution_passes_and_a_stub_does_not():
     tasks = load_tasks("humaneval", "test")
     problems = read_problems()

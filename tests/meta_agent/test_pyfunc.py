@@ -56,6 +56,7 @@ def pyfunc_config():
     return load_config(["experiment=pyfunc_hierarchy"])
 
 
+@pytest.mark.slow  # 320 demonstrations, each running its function in the sandbox: about 40 s
 def test_pyfunc_demos_write_run_answer_and_fit_the_budgets(pyfunc_config, chat, registry):
     """Every demonstration the experiment's SFT makes plays through the real sandbox and grader, right,
     within each role's budget; about a quarter show a wrong constant that the run reveals, a reflection
