@@ -181,12 +181,14 @@ class FaissMemory:
         stored = dict(self._db.execute("SELECT key, value FROM meta"))
         name = _embedder_name(self.embedder)
         if not stored:
+            # Two processes opening a new folder at once both find it empty: the second's rows are
+            # ignored, and it is checked against what the first recorded like any reopen.
             with self._db:
                 self._db.executemany(
-                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
                     [("dim", str(self.dim)), ("embedder", name)],
                 )
-            return
+            stored = dict(self._db.execute("SELECT key, value FROM meta"))
         if int(stored["dim"]) != self.dim:
             raise MemoryConfigError(
                 f"memory at {self._where()} holds {stored['dim']}-dim vectors from embedder "
