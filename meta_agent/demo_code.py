@@ -97,12 +97,12 @@ def _wrong_constant(task: Task, steps: int, grammar: Grammar) -> Revision | None
     template = BY_KIND[task.meta["template"]]
     params = dict(task.meta["params"])
     name = task.meta["function"]
+    expected = [y for _, y in task.meta["examples"]]
     for key in sorted(params):
         right = params[key]
         wrong = _next_letter(right) if isinstance(right, str) else right + 1
         solution = template.solution(name, {**params, key: wrong})
         work, printed = _write_and_run(task, solution, grammar)
-        expected = [y for _, y in task.meta["examples"]]
         if printed == expected or grade_code(solution, task.answer):  # the run or the tests would not tell
             continue
         answer = answer_text(f"\n{solution}\n", grammar)

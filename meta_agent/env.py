@@ -28,7 +28,8 @@ from pettingzoo import AECEnv, ParallelEnv
 from meta_agent.episode import Episode
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task
-from roles import EXECUTOR, META_THINKER
+from roles import executors as executor_specs
+from roles import meta_thinker
 
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 4_000
@@ -52,6 +53,14 @@ class TextObservation(str):
     `observation.dtype` with `observation_space.dtype`, and a plain str has no dtype."""
 
     dtype = np.dtype(str)
+
+
+def reset_task(tasks: Sequence[Task], seed: int | None, options: dict) -> Task:
+    """The task a reset plays: `options["task"]` when given, else one of `tasks` drawn by `seed`."""
+    task = options.get("task")
+    if isinstance(task, Task):
+        return task
+    return tasks[int(np.random.default_rng(seed).integers(len(tasks)))]
 
 
 class MetaAgentEnv(AECEnv):
@@ -78,10 +87,7 @@ class MetaAgentEnv(AECEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         options = options or {}
-        task = options.get("task")
-        if not isinstance(task, Task):
-            rng = np.random.default_rng(seed)
-            task = self.tasks[int(rng.integers(len(self.tasks)))]
+        task = reset_task(self.tasks, seed, options)
         self.episode = self.factory.new(task)
         self.agents = list(self.possible_agents)
         self.rewards = dict.fromkeys(self.agents, 0.0)
@@ -158,13 +164,13 @@ class ParallelExecutorsEnv(ParallelEnv):
             raise ValueError("ParallelExecutorsEnv needs at least one task")
         if executors < 1:
             raise ValueError(f"ParallelExecutorsEnv needs at least one executor, got {executors}")
-        executor_roles = [r for r in factory.roles if r.kind == EXECUTOR]
+        executor_roles = executor_specs(factory.roles)
         if not executor_roles:
             raise ValueError("ParallelExecutorsEnv needs a factory whose roles include an executor")
         self.factory = factory
         self.tasks = list(tasks)
         self.executor = executor_roles[0]
-        self.planner = next((r for r in factory.roles if r.kind == META_THINKER), None)
+        self.planner = meta_thinker(factory.roles)
         self.possible_agents = [f"executor_{i}" for i in range(executors)]
         self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
         self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
@@ -178,9 +184,7 @@ class ParallelExecutorsEnv(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         options = options or {}
-        task = options.get("task")
-        if not isinstance(task, Task):
-            task = self.tasks[int(np.random.default_rng(seed).integers(len(self.tasks)))]
+        task = reset_task(self.tasks, seed, options)
         plan = options.get("plan")
         if plan is not None and self.planner is None:
             raise ValueError("a plan needs a meta-thinker among the factory's roles to carry it")
