@@ -89,7 +89,7 @@ TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan 
 # means and leave the other task's seeds alone.
 DEMONSTRATIONS_REVISION = {
     "arith_distract": "2026-12-03: a revision fixes one step (<fix>)",
-    "arith_distract_check": "2026-12-04 evening: one check, whatever the verdict, and a step left out shown",
+    "arith_distract_check": "2026-12-05: a step left out drawn twice as often as each other mistake",
 }
 PROBE_KEPT = (
     "self_correction",
