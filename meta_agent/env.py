@@ -12,13 +12,16 @@ executor's observation, and the executor acts again. Rewards arrive when the epi
 
 Play many episodes at once, with batched generation, through `meta_agent.runner.play` instead.
 `ParallelExecutorsEnv` (below) is the ParallelEnv beside it: several executors on one plan at once.
+`FeedbackEnv` is a task answered over several attempts, told after each whether it was right (with a
+reflector between attempts, if wanted): an env of more than one step that the trainer plays with
+`train.env=feedback` (meta_agent.env_rollout), as it plays a researcher's own env.
 """
 
 from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,10 +29,13 @@ from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
 from meta_agent.episode import Episode
+from meta_agent.prompts import Markers, neutralise
 from meta_agent.runner import EpisodeFactory
-from meta_agent.tasks import Task
+from meta_agent.tasks import Task, grade_task, load_tasks
+from roles import Grammar, meta_thinker, parse_executor
 from roles import executors as executor_specs
-from roles import meta_thinker
+from tools import ToolResult, build_registry
+from tools.registry import ToolRegistry, parse_tool_call
 
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 4_000
@@ -232,3 +238,210 @@ class ParallelExecutorsEnv(ParallelEnv):
 
     def close(self) -> None:
         self.episodes = {}
+
+
+FEEDBACK_SYSTEM = (
+    "You solve a problem in several attempts. After each answer you are told whether it is right; "
+    "when it is wrong, read your earlier attempts and try something different.{tools}\n"
+    "Give your final answer inside <answer>...</answer>."
+)
+FEEDBACK_TOOLS = (
+    "\nYou may call a tool before answering, inside <tool_call>...</tool_call> as "
+    '{{"name": "<tool>", "arguments": {{...}}}}; its result comes back inside <tool_result>...</tool_result>. '
+    "Tools:\n{described}"
+)
+REFLECTOR_SYSTEM = (
+    "You read an attempt at a problem that was wrong. Say in a few sentences what went wrong and what "
+    "to do differently, inside <reflection>...</reflection>."
+)
+MAX_REFLECTION_CHARS = 1_000  # a reflection as the solver's next attempt shows it
+FEEDBACK_HEADERS = ("Problem:", "Attempt ", "Reflection:", "Your work so far:", "The attempt:", "Its answer:")
+
+
+@dataclass
+class Attempt:
+    """One attempt of FeedbackEnv's solver: its work (text, tool calls and their results), its answer,
+    whether that was right, and the reflector's reflection on it (when there is a reflector)."""
+
+    work: str = ""
+    calls: int = 0
+    answer: str | None = None
+    correct: bool = False
+    reflection: str | None = None
+
+
+class FeedbackEnv(AECEnv):
+    """A task answered over several attempts, told after each whether it was right: the Reflexion loop,
+    as a PettingZoo AECEnv of more than one step per episode.
+
+    Agents: `solver` (a role name, default "executor") and, when `reflector` names a second role, that
+    role. Each solver action is one generation segment: a tool call (`tools`, run by the env, whose result
+    the next observation shows) or an answer in <answer>...</answer>. A right answer ends the episode with
+    reward 1 less `attempt_cost` for each wrong attempt before it; a wrong one is told so and, while
+    attempts are left, starts the next attempt (after the reflector's reflection on it, which the next
+    attempt shows). Every agent gets the episode's reward when it ends; `infos` give the answer and
+    whether it was right.
+
+        env = FeedbackEnv(attempts=3, reflector="meta_thinker")
+        env.reset(seed=0, options={"task": task})        # a Task; without one, drawn from `task`'s train split
+        for agent in env.agent_iter():
+            obs, reward, terminated, truncated, info = env.last()
+            env.step(None if terminated or truncated else policy(env.system_prompt(agent), obs))
+
+    The trainer plays it with `train.env=feedback` (meta_agent.env_rollout), `train.env_args` being these
+    arguments. Model text is data: the env runs only the calls it parses, and grades answers with the
+    task's own grader.
+    """
+
+    metadata = {"name": "meta_agent_feedback_v0", "render_modes": [], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        attempts: int = 3,
+        solver: str = "executor",
+        reflector: str | None = None,
+        tools: Sequence[str] = ("calculator",),
+        max_tool_calls: int = 4,
+        attempt_cost: float = 0.1,
+        task: str = "arith",
+        registry: ToolRegistry | None = None,
+    ):
+        super().__init__()
+        if attempts < 1:
+            raise ValueError(f"FeedbackEnv needs attempts >= 1, got {attempts}")
+        if reflector == solver:
+            raise ValueError(f"FeedbackEnv's reflector must be another role than its solver ({solver!r})")
+        self.attempts = attempts
+        self.solver, self.reflector = solver, reflector
+        self.max_tool_calls = max_tool_calls
+        self.attempt_cost = attempt_cost
+        self.task_name = task
+        self.tools = list(tools)
+        self.registry = registry if registry is not None or not tools else build_registry(self.tools)
+        missing = [t for t in self.tools if self.registry is None or t not in self.registry]
+        if missing:
+            raise ValueError(f"FeedbackEnv's tools {missing} are not in its registry")
+        self.grammar = Grammar()
+        # what only the env writes into an observation: model text (actions, and tool output echoing
+        # it) has these quoted, so it cannot close a tool result or start an attempt line of its own
+        self._markers = Markers(self.grammar.tool_result, FEEDBACK_HEADERS)
+        self.possible_agents = [solver] + ([reflector] if reflector else [])
+        self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
+        self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
+        self._pool: list[Task] | None = None
+        self.task: Task | None = None
+        self.history: list[Attempt] = []
+
+    def observation_space(self, agent: str) -> TextSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> TextSpace:
+        return self.action_spaces[agent]
+
+    def system_prompt(self, agent: str) -> str:
+        """The system message of `agent`'s prompts (the trainer puts the observation under it)."""
+        if agent == self.reflector:
+            return REFLECTOR_SYSTEM
+        described = self.registry.describe(self.tools) if self.tools else ""
+        return FEEDBACK_SYSTEM.format(tools=FEEDBACK_TOOLS.format(described=described) if described else "")
+
+    def stops(self, agent: str) -> tuple[str, ...]:
+        """Where `agent`'s generation of one action ends."""
+        return (self.grammar.reflection[1],) if agent == self.reflector else self.grammar.executor_stops()
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        options = options or {}
+        if not isinstance(options.get("task"), Task) and self._pool is None:
+            self._pool = load_tasks(self.task_name, "train", limit=256)
+        self.task = reset_task(self._pool or [], seed, options)
+        self.history = [Attempt()]
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {"task": self.task.id} for a in self.agents}
+        self.agent_selection = self.solver
+
+    def observe(self, agent: str) -> TextObservation:
+        if self.task is None:
+            return TextObservation("")
+        if agent == self.reflector:
+            last = self.history[-1] if self.history[-1].answer is not None else self.history[-2]
+            text = (
+                f"Problem: {self.task.question}\n\nThe attempt:\n{last.work.strip() or '(no work)'}\n\n"
+                f"Its answer: {last.answer} (wrong)\n\nWhat went wrong, and what should the next attempt do?"
+            )
+        else:
+            lines = [f"Problem: {self.task.question}"]
+            for k, done in enumerate(self.history[:-1], start=1):
+                lines.append(f"\nAttempt {k}: answer {done.answer!s}. Wrong.")
+                if done.reflection:
+                    lines.append(f"Reflection: {done.reflection}")
+            left = self.attempts - len(self.history) + 1
+            lines.append(f"\nAttempt {len(self.history)} of {self.attempts} ({left} left).")
+            if self.history[-1].work:
+                lines.append(f"Your work so far:\n{self.history[-1].work.strip()}")
+            text = "\n".join(lines)
+        return TextObservation(text[-MAX_OBSERVATION_CHARS:])
+
+    def step(self, action: str | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if not isinstance(action, str):
+            raise TypeError(
+                f"action for {agent} must be a str (the generated text), got {type(action).__name__}"
+            )
+        self._cumulative_rewards[agent] = 0.0
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        action, _ = neutralise(action, self._markers)
+        if agent == self.reflector:
+            body = action.split(self.grammar.reflection[0])[-1].split(self.grammar.reflection[1])[0]
+            self.history[-2].reflection = " ".join(body.split())[:MAX_REFLECTION_CHARS] or None
+            self.agent_selection = self.solver
+        else:
+            self._solver_step(action)
+        self._accumulate_rewards()
+
+    def _solver_step(self, action: str) -> None:
+        attempt = self.history[-1]
+        stripped = action.rstrip()
+        step = parse_executor(stripped, self.grammar, final=not stripped.endswith(self.grammar.tool_call[1]))
+        if step.tool_call is not None:
+            attempt.work += f"{stripped}\n"
+            attempt.calls += 1
+            if attempt.calls > self.max_tool_calls:
+                output = "tool call limit reached for this attempt: give your answer now"
+            else:
+                parsed = parse_tool_call(step.tool_call)
+                if isinstance(parsed, ToolResult):
+                    output = parsed.output
+                elif parsed[0] not in self.tools:
+                    output = f"unknown tool {parsed[0]!r}; available: {', '.join(self.tools) or 'none'}"
+                else:
+                    output = self.registry.call(*parsed).output
+            attempt.work += self.grammar.wrap_tool_result(neutralise(output, self._markers)[0])
+            return
+        attempt.work += stripped
+        attempt.answer = step.answer or ""
+        attempt.correct = bool(step.answer) and grade_task(step.answer, self.task)
+        if attempt.correct or len(self.history) >= self.attempts:
+            wrong = len(self.history) - 1
+            reward = max(0.0, 1.0 - self.attempt_cost * wrong) if attempt.correct else 0.0
+            for a in self.agents:
+                self.rewards[a] = reward
+                self.terminations[a] = True
+                self.infos[a] = {
+                    "task": self.task.id,
+                    "answer": attempt.answer,
+                    "correct": attempt.correct,
+                    "attempts": len(self.history),
+                }
+            return
+        self.history.append(Attempt())
+        self.agent_selection = self.reflector or self.solver
+
+    def close(self) -> None:
+        self.task = None

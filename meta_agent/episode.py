@@ -23,6 +23,8 @@ from meta_agent.episode_records import (
     RoundRecord,
     ToolCall,
     TurnRecord,
+    learned,
+    trainer_turns,
 )
 from meta_agent.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
 from meta_agent.prompts import (
@@ -409,26 +411,12 @@ class Episode:
         (loss mask 1), grouped by task, with its reward and (once credit is assigned) its advantage."""
         if not self.done:
             raise RuntimeError("training_turns() before the episode finished")
-        return [
-            Turn(
-                role=t.role,
-                group=self.task.id,
-                prompt_ids=tuple(t.prompt_ids),
-                completion_ids=tuple(t.completion_ids),
-                loss_mask=tuple(t.mask),
-                logprobs=tuple(t.logprobs),
-                reward=t.reward,
-                episode=episode,
-                advantage=t.advantage or 0.0,
-                correct=self.correct,
-            )
-            for t in self.learned_turns
-        ]
+        return trainer_turns(self.turns, self.task.id, self.correct, episode)
 
     @property
     def learned_turns(self) -> list[TurnRecord]:
         """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
-        return [t for t in self.turns if any(t.mask)]
+        return learned(self.turns)
 
     @property
     def tool_calls(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from training.types import SamplingParams
+from training.types import SamplingParams, Turn
 
 PLAN, EXECUTE, REFLECT = "plan", "execute", "reflect"
 
@@ -84,3 +84,28 @@ class RoundRecord:
     verdict_tagged: bool = False
     ended: bool = False  # the episode ended after this round
     plan: str | None = None  # the plan this round's executors were shown (None: none was shown)
+
+
+def learned(turns: list[TurnRecord]) -> list[TurnRecord]:
+    """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
+    return [t for t in turns if any(t.mask)]
+
+
+def trainer_turns(turns: list[TurnRecord], group: str, correct: bool, episode: int = -1) -> list[Turn]:
+    """A finished episode's learned `turns` as the trainer's records, in the GRPO group `group` (the task),
+    each with its reward and (once credit is assigned) its advantage."""
+    return [
+        Turn(
+            role=t.role,
+            group=group,
+            prompt_ids=tuple(t.prompt_ids),
+            completion_ids=tuple(t.completion_ids),
+            loss_mask=tuple(t.mask),
+            logprobs=tuple(t.logprobs),
+            reward=t.reward,
+            episode=episode,
+            advantage=t.advantage or 0.0,
+            correct=correct,
+        )
+        for t in learned(turns)
+    ]

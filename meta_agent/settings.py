@@ -106,6 +106,11 @@ class TrainSettings(UpdateSettings):
     keep_checkpoints: int = KEEP  # the newest N step checkpoints are kept
     # stop GRPO once rollouts generated this many tokens, all roles (equal-budget baselines); null: no limit
     token_budget: int | None = None
+    # roll out through a PettingZoo env instead of the hierarchy's episode: a built-in name (feedback:
+    # answer over several attempts, told right or wrong) or module:callable returning an AECEnv or
+    # ParallelEnv whose agents are role names (meta_agent.env_rollout); null: the hierarchy's episode
+    env: str | None = None
+    env_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of train.env's callable
 
     def __post_init__(self) -> None:
         super().__post_init__()

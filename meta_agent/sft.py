@@ -1,7 +1,7 @@
 """The SFT warm start: maximum likelihood on demonstration episodes until held-out accuracy stops rising.
 
     turns = sft_turns(cfg, system)             # a demonstrations file, or episodes generated from a task
-    accuracy = run_sft(cfg, system, turns, log, eval_tasks, run_dir / "checkpoints", ranks)
+    accuracy = run_sft(cfg, system, turns, log, evaluate, run_dir / "checkpoints", ranks)  # evaluate() -> accuracy
 
 The best adapters are kept in `<checkpoints>/sft-best` and loaded back at the end, so GRPO starts from
 them. Each rank trains on its share of each step's episodes (the gradients are summed in the trainer).
@@ -10,7 +10,7 @@ them. Each rank trains on its share of each step's episodes (the gradients are s
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -18,12 +18,11 @@ from rich.console import Console
 from meta_agent.credit import training_turns
 from meta_agent.demos import demo_path, make_demos, read_demos
 from meta_agent.episode import Episode
-from meta_agent.evaluate import held_out_accuracy
 from meta_agent.planning import build_planner, searched_plans, searches
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
-from meta_agent.tasks import Task, next_tasks
+from meta_agent.tasks import next_tasks
 from roles import meta_thinker
 from training.distributed import Ranks
 from training.run_log import RunLog
@@ -87,11 +86,12 @@ def run_sft(
     system: System,
     turns: Sequence[Turn],
     log: RunLog,
-    eval_tasks: Mapping[str, Sequence[Task]],
+    evaluate: Callable[[], float],
     ckpt_root: Path,
     ranks: Ranks,
 ) -> float:
-    """Train on demonstration `turns` (see sft_turns), episode by episode, evaluating every
+    """Train on demonstration `turns` (see sft_turns), episode by episode, evaluating (`evaluate`: the
+    held-out accuracy, as the GRPO stage measures it) every
     `sft.eval_every` steps, until `sft.patience` evaluations bring no better held-out accuracy or
     `sft.max_steps` is reached. Returns the best held-out accuracy (0 if none was better than nothing)."""
     by_episode: dict[int, list[Turn]] = {}
@@ -109,7 +109,7 @@ def run_sft(
         step += 1
         log.scalars({f"sft/{k}": v for k, v in ranks.combine_metrics(metrics).items()}, step)
         if step % cfg.sft.eval_every == 0 or step == cfg.sft.max_steps:
-            accuracy = held_out_accuracy(system, eval_tasks, cfg.eval, cfg.seed, ranks)
+            accuracy = evaluate()
             log.scalars({"sft/eval/accuracy": accuracy}, step)
             console.print(f"sft step {step}: held-out accuracy {accuracy:.3f}")
             if accuracy > best:

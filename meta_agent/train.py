@@ -21,11 +21,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from pettingzoo import AECEnv
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meta_agent.config import commented_yaml, hparams
 from meta_agent.credit import assign_advantages, assign_gae, credit_metrics, training_turns
+from meta_agent.env_rollout import env_accuracy, env_episodes, env_maker
 from meta_agent.episode import Episode
 from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
@@ -90,7 +92,14 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
-    evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
+    make_env = env_maker(cfg.train.env, cfg.train.env_args) if cfg.train.env else None
+    if make_env is None:
+        evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
+    else:  # the test tasks played through the env, as the rollouts are
+        drain = system.backbone.lockstep.drain
+        evaluate = partial(
+            env_accuracy, make_env, system.factory, system.backend, test, cfg.seed, ranks, drain
+        )
     if cfg.resume:  # exactly where it stopped: adapters, optimizer, scheduler, RNG, data position, step
         trainer = policy_trainer(cfg, system, ranks)
         state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
@@ -103,7 +112,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
         rollback_memory(system.memory, state.memory_max_id, ranks, private=system.memory_private)
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
-        state = warm_start(cfg, system, log, test, evaluate, ckpt_root, ranks)
+        state = warm_start(cfg, system, log, evaluate, ckpt_root, ranks)
         trainer = policy_trainer(cfg, system, ranks)
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
@@ -111,7 +120,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     with progress(ranks, cfg.train.steps, state.step) as advance:
         while state.step < cfg.train.steps and within_budget(cfg, state):
             started = time.perf_counter()
-            episodes, empty_passes = rollout(cfg, system, pool, state, ranks)
+            episodes, empty_passes = rollout(cfg, system, pool, state, ranks, make_env)
             rollout_s = time.perf_counter() - started
             if reference is None:  # GRPO: advantages within (role, task) groups, or against value heads
                 value_update = assign_credit(cfg, trainer, episodes)
@@ -188,7 +197,7 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
 
 
 def warm_start(
-    cfg: Config, system: System, log: RunLog, test, evaluate, ckpt_root: Path, ranks: Ranks
+    cfg: Config, system: System, log: RunLog, evaluate: Callable[[], float], ckpt_root: Path, ranks: Ranks
 ) -> Stage:
     """A fresh run's start: held-out accuracy untrained, then the SFT stage when `sft.enabled`."""
     state = Stage(stage="sft" if cfg.sft.enabled else cfg.train.algorithm)
@@ -198,7 +207,7 @@ def warm_start(
     console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
     if cfg.sft.enabled:
         state.best_sft_accuracy = state.sft_accuracy = run_sft(
-            cfg, system, demos, log, test, ckpt_root, ranks
+            cfg, system, demos, log, evaluate, ckpt_root, ranks
         )
         console.print(f"held-out accuracy after SFT: {state.sft_accuracy:.3f}")
         state.stage = cfg.train.algorithm
@@ -206,13 +215,24 @@ def warm_start(
 
 
 def rollout(
-    cfg: Config, system: System, pool: list[Task], state: Stage, ranks: Ranks
+    cfg: Config,
+    system: System,
+    pool: list[Task],
+    state: Stage,
+    ranks: Ranks,
+    make_env: Callable[[], AECEnv] | None = None,
 ) -> tuple[list[Episode], int]:
     """This step's episodes, played to the end (this rank's share of the tasks, G episodes each), their
-    lessons committed; and the empty passes this rank ran for the others' (sharded backbone)."""
+    lessons committed; and the empty passes this rank ran for the others' (sharded backbone). With
+    `make_env` (train.env) each episode is a fresh env's, the G of a task reset with one seed."""
     tasks = next_tasks(pool, state.data_pos, cfg.train.tasks_per_step, cfg.seed)
     first_task, _ = ranks.shard_bounds(len(tasks))
-    episodes = [system.factory.new(t) for t in ranks.shard(tasks) for _ in range(cfg.train.group_size)]
+    G = cfg.train.group_size
+    if make_env is None:
+        episodes = [system.factory.new(t) for t in ranks.shard(tasks) for _ in range(G)]
+    else:
+        first = state.data_pos + first_task
+        episodes = env_episodes(make_env, ranks.shard(tasks), G, cfg.seed, first, system.factory)
     seed = cfg.seed * 1_000_003 + state.step
     play(episodes, system.backend, seed=seed, first_index=first_task * cfg.train.group_size)
     empty_passes = system.backbone.lockstep.drain()

@@ -43,7 +43,9 @@ def train_sft(overrides: list[str], ckpt_root) -> tuple[dict, dict]:
     cfg = load_config(overrides)
     system = build_system(cfg)
     before = adapter_state(system.backbone)
-    run_sft(cfg, system, sft_turns(cfg, system), RunLog(ckpt_root, enabled=False), {}, ckpt_root, Ranks())
+    run_sft(
+        cfg, system, sft_turns(cfg, system), RunLog(ckpt_root, enabled=False), lambda: 0.0, ckpt_root, Ranks()
+    )
     return before, adapter_state(system.backbone)
 
 

@@ -1,0 +1,271 @@
+"""The trainer's way into a PettingZoo env: its agents are roles, its text actions the roles' generations.
+
+    meta-agent train experiment=feedback_env                          # FeedbackEnv, built in
+    meta-agent train train.env=my_package.my_env:make train.env_args.level=2   # a researcher's own
+
+`train.env` names an env (`ENVS`) or a `module:callable` returning a PettingZoo `AECEnv` or `ParallelEnv`
+(called with `train.env_args`; a ParallelEnv is turned into an AECEnv). Each agent must be the name of a
+role of the config: its requests run on that role's adapter with its sampling. A GRPO step resets G envs
+of each task with one seed (`options={"task": the Task}`: an env that needs no task ignores it), so the
+G rollouts of a seed are a group; each action is one turn of its role, prompted with the env's
+`system_prompt(agent)` (else the role's system prompt) and the observation, ended at the env's
+`stops(agent)` (else at EOS). A role's reward is the sum of what its agent got over the episode; every turn
+of the role shares the role's advantage in the group. Held-out accuracy plays the test tasks through
+the env, greedily: an episode is right when an agent's final `infos` say `correct`, or, for an env that
+reports no `correct`, when some agent's reward summed positive. The episode ends when every agent is
+done, after `protocol.max_turns` actions, or when the roles have generated `protocol.max_new_tokens`.
+
+`EnvEpisode` is shaped as meta_agent.episode.Episode is for the batched runner (meta_agent.runner.play),
+the credit (meta_agent.credit), the logged metrics and the traces, so the trainer's loop is the same.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import parallel_to_aec
+
+from meta_agent.env import FeedbackEnv
+from meta_agent.episode_records import Limits, Request, RoundRecord, TurnRecord, learned, trainer_turns
+from meta_agent.errors import SettingError
+from meta_agent.prompts import Markers, neutralise
+from meta_agent.runner import EpisodeFactory, play
+from meta_agent.tasks import Task
+from roles import RoleSpec
+from training.distributed import Ranks
+from training.types import GenerationBackend, SamplingParams, Turn
+
+ENVS: dict[str, Callable[..., Any]] = {"feedback": FeedbackEnv}  # train.env=<name>
+ACT = "act"  # the kind of an env turn in the traces
+
+
+def env_maker(spec: str, args: Mapping[str, Any]) -> Callable[[], AECEnv]:
+    """A function making a fresh AECEnv as `train.env=spec` and `train.env_args=args` say; a bad name, a
+    callable that is not there or arguments it does not take are one SettingError line each."""
+    if spec in ENVS:
+        make = ENVS[spec]
+    elif ":" in spec:
+        module, _, name = spec.partition(":")
+        try:
+            make = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise SettingError(f"train.env={spec}: cannot load {name!r} from {module!r} ({e})") from None
+        if not callable(make):
+            raise SettingError(f"train.env={spec}: {name!r} is not callable; name a class or function")
+    else:
+        raise SettingError(f"train.env={spec}: neither a built-in env {sorted(ENVS)} nor module:callable")
+    try:
+        inspect.signature(make).bind(**args)
+    except TypeError as e:
+        raise SettingError(f"train.env_args: {spec} does not take them ({e})") from None
+    except ValueError:  # no signature to read (a builtin): the call below says what is wrong
+        pass
+
+    def build() -> AECEnv:
+        env = make(**args)
+        if isinstance(env, ParallelEnv):
+            env = parallel_to_aec(env)
+        if not isinstance(env, AECEnv):
+            raise SettingError(
+                f"train.env={spec} made a {type(env).__name__}, not a PettingZoo AECEnv or ParallelEnv"
+            )
+        return env
+
+    return build
+
+
+class EnvEpisode:
+    """One episode of a PettingZoo AECEnv played by roles: the env is reset with `seed` and `task`, and
+    each live agent's turn is a generation request of the role of that name (see the module doc)."""
+
+    def __init__(self, env: AECEnv, task: Task, seed: int, factory: EpisodeFactory):
+        self.env = env
+        self.task = task
+        self.roles: dict[str, RoleSpec] = {r.name: r for r in factory.roles}
+        unknown = [a for a in env.possible_agents if a not in self.roles]
+        if unknown:
+            raise SettingError(
+                f"train.env: its agents {unknown} are not roles of this config ({sorted(self.roles)}); "
+                "name the env's agents after roles, or choose roles=... that have them"
+            )
+        self.chat = factory.chat
+        self.limits: Limits = factory.limits
+        self.adapters = {name: name for name in self.roles}
+        specials = getattr(self.chat.tokenizer, "all_special_tokens", ())
+        # Observations may echo model text: no chat special token in one may open a turn of its own.
+        self._markers = Markers(tuple(sorted({t for t in specials if t}, key=len, reverse=True)), ())
+        self._hooks = getattr(env, "unwrapped", env)
+        # What Episode has and an env episode has not: no meta-thinker rounds, memories or lessons.
+        self.meta = None
+        self.memories: list = []
+        self.rounds: list[RoundRecord] = []
+        self.round = 0
+        self.lesson: str | None = None
+        self.leaked = False
+        self.turns: list[TurnRecord] = []
+        self.rewards: dict[str, float] = {}
+        self.final_answer: str | None = None
+        self.correct = False
+        self.truncated = False
+        self.done = False
+        self._infos: dict[str, dict] = {}
+        self._ended = {"terminated": False, "truncated": False}
+        self._tokens_used = 0
+        env.reset(seed=seed, options={"task": task})
+        self._collect()
+        self._next()
+
+    @property
+    def current_role(self) -> str | None:
+        return None if self.done else self.turns[-1].role
+
+    def request(self) -> Request:
+        turn = self.turns[-1]
+        role = self.roles[turn.role]
+        stops = getattr(self._hooks, "stops", None)
+        budget = self.limits.max_new_tokens - self._tokens_used
+        sampling = SamplingParams(
+            temperature=role.sampling.temperature,
+            top_p=role.sampling.top_p,
+            max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
+            stop=tuple(stops(turn.role)) if stops else (),
+            repetition_stop=role.sampling.repetition_stop,
+        )
+        return Request(turn.role, tuple(turn.prompt_ids), sampling, self.adapters[turn.role])
+
+    def observation(self) -> str:
+        return self.chat.decode_raw(self.request().prompt_ids)
+
+    def advance(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], text: str, finish_reason: str
+    ) -> None:
+        """The acting role's generation as its agent's action; then the env moves on to the next live
+        agent, or the episode ends."""
+        if self.done:
+            raise RuntimeError("advance() on a finished episode")
+        turn = self.turns[-1]
+        turn.completion_ids = list(token_ids)
+        turn.mask = [1] * len(token_ids)
+        turn.logprobs = list(logprobs) if logprobs else [0.0] * len(token_ids)
+        turn.text, turn.forged = neutralise(text, self._markers)
+        turn.format_ok = finish_reason == "stop" or not getattr(self._hooks, "stops", None)
+        self._tokens_used += len(token_ids)
+        self.env.step(text)
+        self._collect()
+        spent = self._tokens_used >= self.limits.max_new_tokens or len(self.turns) >= self.limits.max_turns
+        if spent and self.env.agents:
+            self._finish(truncated=True)
+        else:
+            self._next()
+
+    def _collect(self) -> None:
+        """Add what every agent was just given to its sum, and keep each agent's latest infos and how it
+        ended (PettingZoo drops a finished agent's entries once it leaves)."""
+        for agent, reward in self.env.rewards.items():
+            self.rewards[agent] = self.rewards.get(agent, 0.0) + float(reward)
+        for agent, info in self.env.infos.items():
+            self._infos[agent] = dict(info)
+        self._ended["truncated"] |= any(self.env.truncations.values())
+
+    def _next(self) -> None:
+        """Step past finished agents (as PettingZoo asks) to the next live one and start its turn."""
+        env = self.env
+        while env.agents:
+            agent = env.agent_selection
+            if env.terminations[agent] or env.truncations[agent]:
+                env.step(None)
+                self._collect()
+                continue
+            hooks = self._hooks
+            system = hooks.system_prompt(agent) if hasattr(hooks, "system_prompt") else None
+            if system is None:
+                system = self.roles[agent].system_text("")
+            observation, forged = neutralise(str(env.observe(agent)), self._markers)
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": observation}]
+            self.turns.append(
+                TurnRecord(role=agent, kind=ACT, round=len(self.turns), prompt_ids=self.chat.prompt(messages))
+            )
+            return
+        self._finish(truncated=self._ended["truncated"])
+
+    def _finish(self, *, truncated: bool) -> None:
+        self.truncated = truncated
+        reported = [info["correct"] for info in self._infos.values() if "correct" in info]
+        self.correct = (
+            any(bool(c) for c in reported) if reported else any(r > 0 for r in self.rewards.values())
+        )
+        answers = [info["answer"] for info in self._infos.values() if info.get("answer") is not None]
+        self.final_answer = str(answers[0]) if answers else None
+        for turn in self.turns:
+            turn.reward = self.rewards.get(turn.role, 0.0)
+        self.rewards = {role: reward for role, reward in self.rewards.items() if role in self.roles}
+        self.done = True
+        self.env.close()
+
+    def training_turns(self, episode: int = -1) -> list[Turn]:
+        if not self.done:
+            raise RuntimeError("training_turns() before the episode finished")
+        return trainer_turns(self.turns, self.task.id, self.correct, episode)
+
+    @property
+    def learned_turns(self) -> list[TurnRecord]:
+        return learned(self.turns)
+
+    @property
+    def tool_calls(self) -> int:
+        """The tool calls the env reports in its agents' infos (`tool_calls`; 0 when it reports none)."""
+        return max((int(info.get("tool_calls", 0)) for info in self._infos.values()), default=0)
+
+    @property
+    def tool_errors(self) -> int:
+        return max((int(info.get("tool_errors", 0)) for info in self._infos.values()), default=0)
+
+
+def env_seed(seed: int, position: int) -> int:
+    """The reset seed of the G rollouts of the task at `position` in the run's stream of training tasks."""
+    return seed * 1_000_003 + position
+
+
+def env_episodes(
+    make: Callable[[], AECEnv],
+    tasks: Sequence[Task],
+    group: int,
+    seed: int,
+    first: int,
+    factory: EpisodeFactory,
+) -> list[EnvEpisode]:
+    """`group` episodes of a fresh env per task, all reset with the seed of the task's position (`first`
+    for the first of `tasks`)."""
+    return [
+        EnvEpisode(make(), task, env_seed(seed, first + k), factory)
+        for k, task in enumerate(tasks)
+        for _ in range(group)
+    ]
+
+
+def env_accuracy(
+    make: Callable[[], AECEnv],
+    factory: EpisodeFactory,
+    backend: GenerationBackend,
+    tasks: Mapping[str, Sequence[Task]],
+    seed: int,
+    ranks: Ranks,
+    drain: Callable[[], object] = lambda: None,
+) -> float:
+    """Greedy held-out accuracy through the env: one episode per task (each rank its share), the counts
+    summed over ranks."""
+    episodes = []
+    for task_list in tasks.values():
+        first, _ = ranks.shard_bounds(len(task_list))
+        mine = ranks.shard(list(task_list))
+        episodes += [
+            EnvEpisode(make(), task, env_seed(seed, first + k), factory) for k, task in enumerate(mine)
+        ]
+    play(episodes, backend, seed=seed, temperature=0.0)
+    drain()
+    correct, total = ranks.sum([sum(ep.correct for ep in episodes), len(episodes)])
+    return correct / max(total, 1)
