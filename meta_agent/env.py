@@ -331,6 +331,7 @@ class FeedbackEnv(AECEnv):
         self._pool: list[Task] | None = None
         self.task: Task | None = None
         self.history: list[Attempt] = []
+        self.tool_calls = self.tool_errors = self.forged = 0
 
     def observation_space(self, agent: str) -> TextSpace:
         return self.observation_spaces[agent]
@@ -355,6 +356,7 @@ class FeedbackEnv(AECEnv):
             self._pool = load_tasks(self.task_name, "train", limit=256)
         self.task = reset_task(self._pool or [], seed, options)
         self.history = [Attempt()]
+        self.tool_calls = self.tool_errors = self.forged = 0  # over the episode, all attempts
         self.agents = list(self.possible_agents)
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
@@ -367,10 +369,12 @@ class FeedbackEnv(AECEnv):
         if self.task is None:
             return TextObservation("")
         if agent == self.reflector:
-            last = self.history[-1] if self.history[-1].answer is not None else self.history[-2]
+            done = [a for a in self.history if a.answer is not None]
+            if not done or done[-1].correct:  # nothing wrong to reflect on (yet)
+                return TextObservation(f"Problem: {self.task.question}\n\nNo wrong attempt to reflect on.")
             text = (
-                f"Problem: {self.task.question}\n\nThe attempt:\n{last.work.strip() or '(no work)'}\n\n"
-                f"Its answer: {last.answer} (wrong)\n\nWhat went wrong, and what should the next attempt do?"
+                f"Problem: {self.task.question}\n\nThe attempt:\n{done[-1].work.strip() or '(no work)'}\n\n"
+                f"Its answer: {done[-1].answer} (wrong)\n\nWhat went wrong, and what should the next attempt do?"
             )
         else:
             lines = [f"Problem: {self.task.question}"]
@@ -396,22 +400,33 @@ class FeedbackEnv(AECEnv):
             )
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
-        action, _ = neutralise(action, self._markers)
+        action, forged = neutralise(action, self._markers)
+        self.forged += forged
         if agent == self.reflector:
             body = action.split(self.grammar.reflection[0])[-1].split(self.grammar.reflection[1])[0]
             self.history[-2].reflection = " ".join(body.split())[:MAX_REFLECTION_CHARS] or None
             self.agent_selection = self.solver
         else:
-            self._solver_step(action)
+            self._solver_step(action, forged > 0)
+        # what this action did, for the trainer's counts (meta_agent.env_rollout); the last one stays
+        self.infos[agent] = self.infos[agent] | {"forged": forged} | self._counts()
         self._accumulate_rewards()
 
-    def _solver_step(self, action: str) -> None:
+    def _counts(self) -> dict[str, int]:
+        return {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "forged_total": self.forged}
+
+    def _solver_step(self, action: str, forged: bool) -> None:
+        """A tool call (run, its result shown next) or an answer (graded). An action that wrote a marker
+        only the env writes is refused, as the hierarchy's episode refuses it: no call runs, and it is an
+        attempt with no answer."""
         attempt = self.history[-1]
         stripped = action.rstrip()
         step = parse_executor(stripped, self.grammar, final=not stripped.endswith(self.grammar.tool_call[1]))
-        if step.tool_call is not None:
+        if step.tool_call is not None and not forged:
             attempt.work += f"{stripped}\n"
             attempt.calls += 1
+            self.tool_calls += 1
+            ok = False
             if attempt.calls > self.max_tool_calls:
                 output = "tool call limit reached for this attempt: give your answer now"
             else:
@@ -421,12 +436,14 @@ class FeedbackEnv(AECEnv):
                 elif parsed[0] not in self.tools:
                     output = f"unknown tool {parsed[0]!r}; available: {', '.join(self.tools) or 'none'}"
                 else:
-                    output = self.registry.call(*parsed).output
+                    result = self.registry.call(*parsed)
+                    output, ok = result.output, result.ok
+            self.tool_errors += not ok
             attempt.work += self.grammar.wrap_tool_result(neutralise(output, self._markers)[0])
             return
         attempt.work += stripped
-        attempt.answer = step.answer or ""
-        attempt.correct = bool(step.answer) and grade_task(step.answer, self.task)
+        attempt.answer = "" if forged else step.answer or ""
+        attempt.correct = bool(attempt.answer) and grade_task(attempt.answer, self.task)
         if attempt.correct or len(self.history) >= self.attempts:
             wrong = len(self.history) - 1
             reward = max(0.0, 1.0 - self.attempt_cost * wrong) if attempt.correct else 0.0
@@ -438,7 +455,7 @@ class FeedbackEnv(AECEnv):
                     "answer": attempt.answer,
                     "correct": attempt.correct,
                     "attempts": len(self.history),
-                }
+                } | self._counts()
             return
         self.history.append(Attempt())
         self.agent_selection = self.reflector or self.solver

@@ -21,9 +21,11 @@ the credit (meta_agent.credit), the logged metrics and the traces, so the traine
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pettingzoo import AECEnv, ParallelEnv
@@ -41,6 +43,20 @@ from training.types import GenerationBackend, SamplingParams, Turn
 
 ENVS: dict[str, Callable[..., Any]] = {"feedback": FeedbackEnv}  # train.env=<name>
 ACT = "act"  # the kind of an env turn in the traces
+
+
+def check_env_settings(algorithm: str, reflection_credit: str) -> None:
+    """Refuse, in one line, what does not train on an env episode: it has no reflect turns or graded
+    rounds (grpo.reflection_credit=round), and preference pairs are mined from those (train.algorithm=dpo)."""
+    if algorithm != "grpo":
+        raise SettingError(
+            f"train.env trains with GRPO; train.algorithm={algorithm} mines no pair from an env"
+        )
+    if reflection_credit != "episode":
+        raise SettingError(
+            f"train.env: grpo.reflection_credit={reflection_credit} credits graded rounds, which an env "
+            "episode has none of; set grpo.reflection_credit=episode"
+        )
 
 
 def env_maker(spec: str, args: Mapping[str, Any]) -> Callable[[], AECEnv]:
@@ -84,7 +100,8 @@ class EnvEpisode:
 
     def __init__(self, env: AECEnv, task: Task, seed: int, factory: EpisodeFactory):
         self.env = env
-        self.task = task
+        # the GRPO group is the task and the seed: a task drawn twice in a step is two groups
+        self.task = replace(task, id=f"{task.id}@{seed}")
         self.roles: dict[str, RoleSpec] = {r.name: r for r in factory.roles}
         unknown = [a for a in env.possible_agents if a not in self.roles]
         if unknown:
@@ -115,7 +132,7 @@ class EnvEpisode:
         self._infos: dict[str, dict] = {}
         self._ended = {"terminated": False, "truncated": False}
         self._tokens_used = 0
-        env.reset(seed=seed, options={"task": task})
+        env.reset(seed=seed, options={"task": task})  # the task itself, as the env's tasks are
         self._collect()
         self._next()
 
@@ -152,12 +169,17 @@ class EnvEpisode:
         turn.mask = [1] * len(token_ids)
         turn.logprobs = list(logprobs) if logprobs else [0.0] * len(token_ids)
         turn.text, turn.forged = neutralise(text, self._markers)
-        turn.format_ok = finish_reason == "stop" or not getattr(self._hooks, "stops", None)
+        # ended where the env's stops end an action (without stops: at end of text, not cut by a limit)
+        ended = ("stop",) if getattr(self._hooks, "stops", None) else ("stop", "eos")
         self._tokens_used += len(token_ids)
         self.env.step(text)
         self._collect()
+        # an env may report what in the action imitated its own markers (FeedbackEnv does: `forged`)
+        turn.forged += int(self.env.infos.get(turn.role, {}).get("forged", 0))
+        turn.format_ok = finish_reason in ended and not turn.forged
         spent = self._tokens_used >= self.limits.max_new_tokens or len(self.turns) >= self.limits.max_turns
-        if spent and self.env.agents:
+        env = self.env
+        if spent and any(not (env.terminations[a] or env.truncations[a]) for a in env.agents):
             self._finish(truncated=True)
         else:
             self._next()
@@ -174,9 +196,15 @@ class EnvEpisode:
     def _next(self) -> None:
         """Step past finished agents (as PettingZoo asks) to the next live one and start its turn."""
         env = self.env
+        dead_steps = 0
         while env.agents:
             agent = env.agent_selection
             if env.terminations[agent] or env.truncations[agent]:
+                dead_steps += 1
+                if dead_steps > len(env.possible_agents):
+                    raise RuntimeError(
+                        f"{type(env).__name__} keeps finished agent {agent!r} after its dead step"
+                    )
                 env.step(None)
                 self._collect()
                 continue
@@ -225,9 +253,11 @@ class EnvEpisode:
         return max((int(info.get("tool_errors", 0)) for info in self._infos.values()), default=0)
 
 
-def env_seed(seed: int, position: int) -> int:
-    """The reset seed of the G rollouts of the task at `position` in the run's stream of training tasks."""
-    return seed * 1_000_003 + position
+def env_seed(seed: int, position: int, split: str = "train") -> int:
+    """The reset seed of the G rollouts of the task at `position` in the run's stream of `split` tasks:
+    the held-out episodes never reset with a seed a training episode had (short of a hash collision)."""
+    digest = hashlib.blake2b(f"{split}:{seed}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def env_episodes(
@@ -263,7 +293,8 @@ def env_accuracy(
         first, _ = ranks.shard_bounds(len(task_list))
         mine = ranks.shard(list(task_list))
         episodes += [
-            EnvEpisode(make(), task, env_seed(seed, first + k), factory) for k, task in enumerate(mine)
+            EnvEpisode(make(), task, env_seed(seed, first + k, "test"), factory)
+            for k, task in enumerate(mine)
         ]
     play(episodes, backend, seed=seed, temperature=0.0)
     drain()

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from meta_agent.config import commented_yaml, hparams
 from meta_agent.credit import assign_advantages, assign_gae, credit_metrics, training_turns
-from meta_agent.env_rollout import env_accuracy, env_episodes, env_maker
+from meta_agent.env_rollout import check_env_settings, env_accuracy, env_episodes, env_maker
 from meta_agent.episode import Episode
 from meta_agent.errors import SettingError
 from meta_agent.evaluate import held_out_accuracy
@@ -92,7 +92,10 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
-    make_env = env_maker(cfg.train.env, cfg.train.env_args) if cfg.train.env else None
+    make_env = None
+    if cfg.train.env:
+        check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
+        make_env = env_maker(cfg.train.env, cfg.train.env_args)
     if make_env is None:
         evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
     else:  # the test tasks played through the env, as the rollouts are
