@@ -71,9 +71,10 @@ def grade(prediction: str, answer: str) -> bool:
         return False
 
 
-# A number in an answer: digits with optional thousands commas, a decimal part and an exponent
+# A number in an answer: digits with optional thousands commas, a decimal part and an exponent; a sign
+# only where no letter or digit comes just before it ("2023-10-05" holds no -10 or -5)
 _NUMBER = re.compile(
-    r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?"
+    r"(?:(?<![\w.])[-+])?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
 )
 NUMERIC_REL_TOL = 1e-6  # grader "numeric": how far from the gold number an answer may be, relatively
 

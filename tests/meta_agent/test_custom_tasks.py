@@ -39,6 +39,10 @@ def test_numeric_grader_reads_the_last_number_within_a_relative_tolerance():
     assert last_number("about $1,234.50 in all") == 1234.5
     assert last_number("-3e2 then 7") == 7.0
     assert last_number("no number") is None
+    assert (
+        last_number("due 2023-10-05") == 5.0 and last_number("x = -5") == -5.0 and last_number("+.5") == 0.5
+    )
+    assert last_number("1e-3") == 0.001 and last_number("3-4") == 4.0
     assert grade_numeric("about $1,234.50", "1234.5")
     assert grade_numeric("x = 3.0000029", "3")  # |3.0000029 - 3| / 3 = 9.7e-7 < 1e-6
     assert not grade_numeric("3.1416", "3.14159")  # (3.1416 - 3.14159) / 3.14159 = 3.2e-6
