@@ -63,12 +63,15 @@ from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
 CHECK_RESULTS = RESULTS_DIR / "learning_check.json"
+NUMBERS_RESULTS = RESULTS_DIR / "learning_numbers.json"
 # --task: the experiments trained per seed, the hierarchy's and its executor-alone baseline's
 TASKS = {
     "default": ("arith_hierarchy", "arith_single_agent"),
     "reflection": ("distract_hierarchy", "distract_single_agent"),  # arith_distract, two rounds
     # the same task, the reflections of the demonstrations written as one check whatever their verdict
     "reflection_check": ("distract_check_hierarchy", "distract_single_agent"),
+    # the same, the numbers the plan or the work lacks found by code and shown to the reflection
+    "reflection_numbers": ("distract_numbers_hierarchy", "distract_single_agent"),
 }
 PROBE_ARMS = ("no_reflection", "no_plan")
 # The targets for the default experiment on 2 CPU cores: the RL's own gain over seeds (mean, and
@@ -120,7 +123,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="default",
         help="default: arith_hierarchy against arith_single_agent (the file's top level); reflection: "
         "distract_hierarchy against distract_single_agent (its reflection_task section); reflection_check: "
-        f"distract_check_hierarchy against the same (the reflection_task section of {CHECK_RESULTS})",
+        f"distract_check_hierarchy against the same (the reflection_task section of {CHECK_RESULTS}); "
+        f"reflection_numbers: distract_numbers_hierarchy against the same (in {NUMBERS_RESULTS})",
     )
     p.add_argument(
         "--single",
@@ -130,12 +134,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
     p.add_argument(
-        "--out", type=Path, help=f"result file (default {RESULTS}; {CHECK_RESULTS} for reflection_check)"
+        "--out",
+        type=Path,
+        help=f"result file (default {RESULTS}; {CHECK_RESULTS} for reflection_check, "
+        f"{NUMBERS_RESULTS} for reflection_numbers)",
     )
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
     args = p.parse_args(argv)
-    # reflection_check has a file of its own: its seeds would replace the reflection task's in RESULTS
-    args.out = args.out or (CHECK_RESULTS if args.task == "reflection_check" else RESULTS)
+    # reflection_check and reflection_numbers have files of their own: their seeds would replace the
+    # reflection task's in RESULTS
+    own = {"reflection_check": CHECK_RESULTS, "reflection_numbers": NUMBERS_RESULTS}
+    args.out = args.out or own.get(args.task, RESULTS)
     return args
 
 
@@ -160,6 +169,9 @@ NEUTRAL = {
     "memory.internal": "truncate",  # the reflect prompts as they were
     "dpo": ("train.algorithm", "grpo"),  # the dpo: section is read only by train.algorithm=dpo
     "value": ("grpo.advantage", ("grpo", "rloo", "reinforce_pp")),  # read only by grpo.advantage=gae
+    "protocol.number_check": False,  # the reflect prompts as they were
+    "train.env": None,  # the hierarchy's own episode
+    "train.env_args": ("train.env", None),  # read only with train.env
 }
 
 

@@ -28,11 +28,13 @@ from meta_agent.episode_records import (
 )
 from meta_agent.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
 from meta_agent.prompts import (
+    CHECK_HEADER,
     NOTES_HEADER,
     environment_markers,
     memory_block,
     neutralise,
     notes_block,
+    number_check,
     previous_block,
     tail,
     valid_text,
@@ -340,6 +342,10 @@ class Episode:
             asked = role.reflect_text(work=work, answer=answer) + (
                 f"\n\n{instruction}" if instruction else ""
             )
+            if self.limits.number_check:
+                calls = [c.arguments for t in self._round_turns(self.round) for c in t.tool_calls]
+                found = number_check(self.task.question, self.plan, calls)
+                asked = f"{CHECK_HEADER}\n{found}\n\n{asked}"
             messages.append({"role": "user", "content": carried + asked})
         self.turns.append(
             TurnRecord(role=role.name, kind=kind, round=self.round, prompt_ids=self.chat.prompt(messages))

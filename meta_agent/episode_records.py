@@ -18,6 +18,9 @@ class Limits:
     max_turns: int = 8  # role turns in the whole episode
     max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
     max_tool_calls: int = 4  # tool calls per executor turn
+    # the reflection's prompt shows each number of the question that the plan or the work's tool calls
+    # lack, with its sentence (meta_agent.prompts.number_check): found by code, judged by the meta-thinker
+    number_check: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):

@@ -24,6 +24,7 @@ WORK_HEADER = "Work so far:"
 PREVIOUS_HEADER = "Previous attempt:"
 REFLECTION_HEADER = "The meta-thinker's reflection:"
 NOTES_HEADER = "Your notes from earlier rounds:"  # memory.internal=summary (meta_agent.internal_memory)
+CHECK_HEADER = "The question's numbers, against the plan and the work:"  # protocol.number_check
 _QUOTED = str.maketrans("<>[]", "\u2039\u203a\u2039\u203a")  # < > [ ] -> single guillemets
 
 
@@ -53,7 +54,7 @@ def environment_markers(
     (NOTES_HEADER, where the internal memory carries notes), so the others quote exactly what they did."""
     tags = {tag for g in grammars for tag in g.tool_result}
     anywhere = sorted(tags | {t for t in special_tokens if t}, key=len, reverse=True)
-    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, *extra_headers]
+    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, CHECK_HEADER, *extra_headers]
     headers += [f"[{r}]" for r in roles]
     return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
 
@@ -79,6 +80,37 @@ def neutralise(text: str, markers: Markers) -> tuple[str, int]:
         text, found = markers.line_pattern.subn(r"\1> \2", text)
         count += found
     return text, count
+
+
+# a whole number, with or without thousands commas, not part of a longer number or a decimal
+_WHOLE_NUMBER = re.compile(r"(?<![\d,.])(?:\d{1,3}(?:,\d{3})+|\d+)(?![\d,]*\d|\.\d)")
+
+
+def whole_numbers(text: str) -> list[str]:
+    """The whole numbers written in `text`, in order, without thousands commas: "7,293 and 12" ->
+    ["7293", "12"]."""
+    return [n.replace(",", "") for n in _WHOLE_NUMBER.findall(text)]
+
+
+def number_check(question: str, plan: str | None, calls: Sequence[str]) -> str:
+    """protocol.number_check: a line for each number of the question that the plan or the work (the
+    executors' tool calls) lacks, with the question's sentence that gives it; nothing is judged, only
+    found. number_check("It has 5 boxes. It had 9 visits.", "1. Add 5.", ["5 + 9"]) ->
+    '9 (in the work, not in the plan): "It had 9 visits."'. Every number in both: one line saying so."""
+    planned, used = set(whole_numbers(plan or "")), set(whole_numbers(" ".join(calls)))
+    sentences = [s.strip() for s in re.split(r"(?<=[.?!])\s+", question) if s.strip()]
+    lines = []
+    for number in dict.fromkeys(whole_numbers(question)):
+        where = {
+            (True, False): "in the plan, not in the work",
+            (False, True): "in the work, not in the plan",
+            (False, False): "in neither the plan nor the work",
+        }.get((number in planned, number in used))
+        if where is None:
+            continue
+        said = next(s for s in sentences if number in whole_numbers(s))
+        lines.append(f'{int(number):,} ({where}): "{said}"')
+    return "\n".join(lines) or "Every number of the question is in the plan and in the work."
 
 
 def tail(text: str, n: int = WORK_CHARS) -> str:
