@@ -417,7 +417,8 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
     final = train(cfg, run_dir, ranks)
     ranks.close()
     console.print(
-        f"held-out accuracy ({cfg.train.eval_task}, {cfg.train.eval_limit} problems): "
+        f"held-out accuracy ({cfg.train.eval_task}{f' through {cfg.train.env}' if cfg.train.env else ''}, "
+        f"{cfg.train.eval_limit} problems): "
         + "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in final.items() if k.startswith("eval/"))
     )
     console.print(f"TensorBoard: tensorboard --logdir {run_dir}   then open http://localhost:6006")

@@ -29,7 +29,7 @@ from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
 from meta_agent.episode import Episode
-from meta_agent.prompts import Markers, neutralise
+from meta_agent.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade_task, load_tasks
 from roles import Grammar, meta_thinker, parse_executor
@@ -240,22 +240,16 @@ class ParallelExecutorsEnv(ParallelEnv):
         self.episodes = {}
 
 
-FEEDBACK_SYSTEM = (
-    "You solve a problem in several attempts. After each answer you are told whether it is right; "
-    "when it is wrong, read your earlier attempts and try something different.{tools}\n"
-    "Give your final answer inside <answer>...</answer>."
-)
-FEEDBACK_TOOLS = (
-    "\nYou may call a tool before answering, inside <tool_call>...</tool_call> as "
-    '{{"name": "<tool>", "arguments": {{...}}}}; its result comes back inside <tool_result>...</tool_result>. '
-    "Tools:\n{described}"
-)
-REFLECTOR_SYSTEM = (
-    "You read an attempt at a problem that was wrong. Say in a few sentences what went wrong and what "
-    "to do differently, inside <reflection>...</reflection>."
-)
 MAX_REFLECTION_CHARS = 1_000  # a reflection as the solver's next attempt shows it
-FEEDBACK_HEADERS = ("Problem:", "Attempt ", "Reflection:", "Your work so far:", "The attempt:", "Its answer:")
+# the blocks FeedbackEnv lays out as the hierarchy's episode does, so roles warm-started on its
+# demonstrations read them as they learnt to (meta_agent.prompts)
+FEEDBACK_HEADERS = (
+    PREVIOUS_HEADER,
+    REFLECTION_HEADER,
+    "Question:",
+    "The executor's work:",
+    "Its final answer:",
+)
 
 
 @dataclass
@@ -275,22 +269,27 @@ class FeedbackEnv(AECEnv):
     as a PettingZoo AECEnv of more than one step per episode.
 
     Agents: `solver` (a role name, default "executor") and, when `reflector` names a second role, that
-    role. Each solver action is one generation segment: a tool call (`tools`, run by the env, whose result
-    the next observation shows) or an answer in <answer>...</answer>. A right answer ends the episode with
-    reward 1 less `attempt_cost` for each wrong attempt before it; a wrong one is told so and, while
-    attempts are left, starts the next attempt (after the reflector's reflection on it, which the next
-    attempt shows). Every agent gets the episode's reward when it ends; `infos` give the answer and
-    whether it was right.
+    role. Each solver action is one generation segment: a tool call (`tools`, run by the env; the call and
+    its result become the start of the solver's next reply, `prefill`, which it continues) or an answer in
+    <answer>...</answer>. A right answer ends the episode with reward 1 less `attempt_cost` for each wrong
+    attempt before it; a wrong one is told so and, while attempts are left, starts the next attempt, after
+    the reflector's reflection on it. Every agent gets the episode's reward when it ends; `infos` give the
+    answer, whether it was right, the attempts, tool calls and errors, and per action what it forged.
+
+    The prompts are laid out as the hierarchy's episode lays them out, so roles warm-started on its
+    demonstrations read them as they learnt to: the role's own system prompt (`system_prompt` is None),
+    then for the solver "Previous attempt:" blocks, each told wrong, "The meta-thinker's reflection:" and
+    "Question: ..."; for the reflector the question, "The executor's work:" and "Its final answer:".
 
         env = FeedbackEnv(attempts=3, reflector="meta_thinker")
         env.reset(seed=0, options={"task": task})        # a Task; without one, drawn from `task`'s train split
         for agent in env.agent_iter():
             obs, reward, terminated, truncated, info = env.last()
-            env.step(None if terminated or truncated else policy(env.system_prompt(agent), obs))
+            env.step(None if terminated or truncated else policy(agent, obs, env.prefill(agent)))
 
     The trainer plays it with `train.env=feedback` (meta_agent.env_rollout), `train.env_args` being these
-    arguments. Model text is data: the env runs only the calls it parses, and grades answers with the
-    task's own grader.
+    arguments. Model text is data: the env runs only the calls it parses, quotes what imitates its own
+    markers (and refuses that action), and grades answers with the task's own grader.
     """
 
     metadata = {"name": "meta_agent_feedback_v0", "render_modes": [], "is_parallelizable": False}
@@ -339,12 +338,16 @@ class FeedbackEnv(AECEnv):
     def action_space(self, agent: str) -> TextSpace:
         return self.action_spaces[agent]
 
-    def system_prompt(self, agent: str) -> str:
-        """The system message of `agent`'s prompts (the trainer puts the observation under it)."""
-        if agent == self.reflector:
-            return REFLECTOR_SYSTEM
-        described = self.registry.describe(self.tools) if self.tools else ""
-        return FEEDBACK_SYSTEM.format(tools=FEEDBACK_TOOLS.format(described=described) if described else "")
+    def system_prompt(self, agent: str) -> None:
+        """None: each agent is prompted with its role's own system prompt (meta_agent.env_rollout)."""
+        return None
+
+    def prefill(self, agent: str) -> str:
+        """The start of `agent`'s reply: the solver's work so far in this attempt (its text, each tool call
+        and its result), which it continues as in the hierarchy's episode; nothing for the reflector."""
+        if agent == self.reflector or not self.history:
+            return ""
+        return self.history[-1].work
 
     def stops(self, agent: str) -> tuple[str, ...]:
         """Where `agent`'s generation of one action ends."""
@@ -366,27 +369,30 @@ class FeedbackEnv(AECEnv):
         self.agent_selection = self.solver
 
     def observe(self, agent: str) -> TextObservation:
+        """The solver: its earlier attempts, each told wrong, the reflection on the last, then the question
+        (its work in this attempt is the prefill). The reflector: the question, the last attempt's work
+        and its answer, told wrong. Laid out with the blocks of the hierarchy's episode."""
         if self.task is None:
             return TextObservation("")
+        question = f"Question: {self.task.question}"
         if agent == self.reflector:
             done = [a for a in self.history if a.answer is not None]
             if not done or done[-1].correct:  # nothing wrong to reflect on (yet)
-                return TextObservation(f"Problem: {self.task.question}\n\nNo wrong attempt to reflect on.")
+                return TextObservation(f"{question}\n\nNo wrong attempt to reflect on.")
             text = (
-                f"Problem: {self.task.question}\n\nThe attempt:\n{done[-1].work.strip() or '(no work)'}\n\n"
-                f"Its answer: {done[-1].answer} (wrong)\n\nWhat went wrong, and what should the next attempt do?"
+                f"{question}\n\nThe executor's work:\n{tail(done[-1].work.strip()) or '(no work)'}\n\n"
+                f"Its final answer: {done[-1].answer or '(none)'}\n\nThe answer is wrong. Write what went "
+                "wrong and what to do instead inside <reflection>...</reflection>."
             )
         else:
-            lines = [f"Problem: {self.task.question}"]
-            for k, done in enumerate(self.history[:-1], start=1):
-                lines.append(f"\nAttempt {k}: answer {done.answer!s}. Wrong.")
-                if done.reflection:
-                    lines.append(f"Reflection: {done.reflection}")
-            left = self.attempts - len(self.history) + 1
-            lines.append(f"\nAttempt {len(self.history)} of {self.attempts} ({left} left).")
-            if self.history[-1].work:
-                lines.append(f"Your work so far:\n{self.history[-1].work.strip()}")
-            text = "\n".join(lines)
+            blocks = []
+            for done in self.history[:-1]:
+                blocks.append(
+                    f"{PREVIOUS_HEADER}\n{tail(done.work.strip())}\nThe answer {done.answer or '(none)'} is wrong."
+                )
+            if len(self.history) > 1 and self.history[-2].reflection:
+                blocks.append(f"{REFLECTION_HEADER}\n{self.history[-2].reflection}")
+            text = "\n\n".join([*blocks, question])
         return TextObservation(text[-MAX_OBSERVATION_CHARS:])
 
     def step(self, action: str | None) -> None:
@@ -423,7 +429,7 @@ class FeedbackEnv(AECEnv):
         stripped = action.rstrip()
         step = parse_executor(stripped, self.grammar, final=not stripped.endswith(self.grammar.tool_call[1]))
         if step.tool_call is not None and not forged:
-            attempt.work += f"{stripped}\n"
+            attempt.work += stripped
             attempt.calls += 1
             self.tool_calls += 1
             ok = False

@@ -1,19 +1,21 @@
 """The trainer's way into a PettingZoo env: its agents are roles, its text actions the roles' generations.
 
     meta-agent train experiment=feedback_env                          # FeedbackEnv, built in
-    meta-agent train train.env=my_package.my_env:make train.env_args.level=2   # a researcher's own
+    meta-agent train train.env=my_package.my_env:make +train.env_args.level=2   # a researcher's own
 
 `train.env` names an env (`ENVS`) or a `module:callable` returning a PettingZoo `AECEnv` or `ParallelEnv`
 (called with `train.env_args`; a ParallelEnv is turned into an AECEnv). Each agent must be the name of a
 role of the config: its requests run on that role's adapter with its sampling. A GRPO step resets G envs
 of each task with one seed (`options={"task": the Task}`: an env that needs no task ignores it), so the
-G rollouts of a seed are a group; each action is one turn of its role, prompted with the env's
-`system_prompt(agent)` (else the role's system prompt) and the observation, ended at the env's
-`stops(agent)` (else at EOS). A role's reward is the sum of what its agent got over the episode; every turn
-of the role shares the role's advantage in the group. Held-out accuracy plays the test tasks through
-the env, greedily: an episode is right when an agent's final `infos` say `correct`, or, for an env that
-reports no `correct`, when some agent's reward summed positive. The episode ends when every agent is
-done, after `protocol.max_turns` actions, or when the roles have generated `protocol.max_new_tokens`.
+G rollouts of a seed are a group. Each action is one turn of its role. Its prompt: the env's
+`system_prompt(agent)` (else, or when that is None, the role's system prompt with its tools described),
+the observation as the user's message, and the env's `prefill(agent)` as the start of the reply (the
+agent's work so far, which it continues as its own); it ends at the env's `stops(agent)` (else at end of
+text). A role's reward is the sum of what its agent got over the episode; every turn of the role shares
+the role's advantage in the group. Held-out accuracy plays the test tasks through the env, greedily: an
+episode is right when an agent's final `infos` say `correct`, or, for an env that reports no `correct`,
+when some agent's reward summed positive. The episode ends when every agent is done, after
+`protocol.max_turns` actions, or when the roles have generated `protocol.max_new_tokens`.
 
 `EnvEpisode` is shaped as meta_agent.episode.Episode is for the batched runner (meta_agent.runner.play),
 the credit (meta_agent.credit), the logged metrics and the traces, so the trainer's loop is the same.
@@ -110,6 +112,7 @@ class EnvEpisode:
                 "name the env's agents after roles, or choose roles=... that have them"
             )
         self.chat = factory.chat
+        self.registry = factory.registry
         self.limits: Limits = factory.limits
         self.adapters = {name: name for name in self.roles}
         specials = getattr(self.chat.tokenizer, "all_special_tokens", ())
@@ -208,15 +211,17 @@ class EnvEpisode:
                 env.step(None)
                 self._collect()
                 continue
-            hooks = self._hooks
+            hooks, role = self._hooks, self.roles[agent]
             system = hooks.system_prompt(agent) if hasattr(hooks, "system_prompt") else None
-            if system is None:
-                system = self.roles[agent].system_text("")
-            observation, forged = neutralise(str(env.observe(agent)), self._markers)
+            if system is None:  # the role's own, its tools described as in the hierarchy's episode
+                system = role.system_text(self.registry.describe(role.tools) if role.tools else "")
+            observation, _ = neutralise(str(env.observe(agent)), self._markers)
             messages = [{"role": "system", "content": system}, {"role": "user", "content": observation}]
-            self.turns.append(
-                TurnRecord(role=agent, kind=ACT, round=len(self.turns), prompt_ids=self.chat.prompt(messages))
-            )
+            prompt = self.chat.prompt(messages)
+            prefill = hooks.prefill(agent) if hasattr(hooks, "prefill") else ""
+            if prefill:  # the start of the reply, as the agent's own: its work so far
+                prompt += self.chat.encode(neutralise(prefill, self._markers)[0])
+            self.turns.append(TurnRecord(role=agent, kind=ACT, round=len(self.turns), prompt_ids=prompt))
             return
         self._finish(truncated=self._ended["truncated"])
 
