@@ -34,14 +34,14 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
 from meta_agent.env import FeedbackEnv
-from meta_agent.episode_records import Limits, Request, RoundRecord, TurnRecord, learned, trainer_turns
+from meta_agent.episode_records import Limits, PlayedEpisode, Request, RoundRecord, TurnRecord
 from meta_agent.errors import SettingError
 from meta_agent.prompts import Markers, neutralise
 from meta_agent.runner import EpisodeFactory, play
 from meta_agent.tasks import Task
 from roles import RoleSpec
 from training.distributed import Ranks
-from training.types import GenerationBackend, SamplingParams, Turn
+from training.types import GenerationBackend
 
 ENVS: dict[str, Callable[..., Any]] = {"feedback": FeedbackEnv}  # train.env=<name>
 ACT = "act"  # the kind of an env turn in the traces
@@ -96,7 +96,7 @@ def env_maker(spec: str, args: Mapping[str, Any]) -> Callable[[], AECEnv]:
     return build
 
 
-class EnvEpisode:
+class EnvEpisode(PlayedEpisode):
     """One episode of a PettingZoo AECEnv played by roles: the env is reset with `seed` and `task`, and
     each live agent's turn is a generation request of the role of that name (see the module doc)."""
 
@@ -139,26 +139,10 @@ class EnvEpisode:
         self._collect()
         self._next()
 
-    @property
-    def current_role(self) -> str | None:
-        return None if self.done else self.turns[-1].role
-
     def request(self) -> Request:
         turn = self.turns[-1]
-        role = self.roles[turn.role]
         stops = getattr(self._hooks, "stops", None)
-        budget = self.limits.max_new_tokens - self._tokens_used
-        sampling = SamplingParams(
-            temperature=role.sampling.temperature,
-            top_p=role.sampling.top_p,
-            max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
-            stop=tuple(stops(turn.role)) if stops else (),
-            repetition_stop=role.sampling.repetition_stop,
-        )
-        return Request(turn.role, tuple(turn.prompt_ids), sampling, self.adapters[turn.role])
-
-    def observation(self) -> str:
-        return self.chat.decode_raw(self.request().prompt_ids)
+        return self._request(turn.prompt_ids, tuple(stops(turn.role)) if stops else ())
 
     def advance(
         self, token_ids: Sequence[int], logprobs: Sequence[float], text: str, finish_reason: str
@@ -238,15 +222,6 @@ class EnvEpisode:
         self.rewards = {role: reward for role, reward in self.rewards.items() if role in self.roles}
         self.done = True
         self.env.close()
-
-    def training_turns(self, episode: int = -1) -> list[Turn]:
-        if not self.done:
-            raise RuntimeError("training_turns() before the episode finished")
-        return trainer_turns(self.turns, self.task.id, self.correct, episode)
-
-    @property
-    def learned_turns(self) -> list[TurnRecord]:
-        return learned(self.turns)
 
     @property
     def tool_calls(self) -> int:

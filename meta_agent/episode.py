@@ -19,12 +19,11 @@ from meta_agent.episode_records import (
     PLAN,
     REFLECT,
     Limits,
+    PlayedEpisode,
     Request,
     RoundRecord,
     ToolCall,
     TurnRecord,
-    learned,
-    trainer_turns,
 )
 from meta_agent.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
 from meta_agent.prompts import (
@@ -61,7 +60,6 @@ from roles import (
 )
 from tools.registry import ToolRegistry, parse_tool_call
 from tools.types import BAD_CALL, ToolResult
-from training.types import SamplingParams, Turn
 
 __all__ = [
     "ACCEPT",
@@ -78,7 +76,7 @@ __all__ = [
 ]
 
 
-class Episode:
+class Episode(PlayedEpisode):
     def __init__(
         self,
         task: Task,
@@ -138,10 +136,6 @@ class Episode:
     def current(self) -> TurnRecord | None:
         return None if self.done else self.turns[-1]
 
-    @property
-    def current_role(self) -> str | None:
-        return None if self.done else self.turns[-1].role
-
     def request(self) -> Request:
         turn = self.turns[-1]
         role = self.roles[turn.role]
@@ -151,21 +145,7 @@ class Episode:
             EXECUTE: grammar.executor_stops(),
             REFLECT: grammar.reflect_stops(),
         }
-        budget = self.limits.max_new_tokens - self._tokens_used
-        sampling = SamplingParams(
-            temperature=role.sampling.temperature,
-            top_p=role.sampling.top_p,
-            max_new_tokens=max(1, min(role.sampling.max_new_tokens, budget)),
-            stop=stop[turn.kind],
-            repetition_stop=role.sampling.repetition_stop,
-        )
-        return Request(
-            turn.role, tuple(turn.prompt_ids + turn.completion_ids), sampling, self.adapters[turn.role]
-        )
-
-    def observation(self) -> str:
-        """The text the acting role sees now: its prompt and its own turn so far."""
-        return self.chat.decode_raw(self.request().prompt_ids)
+        return self._request(turn.prompt_ids + turn.completion_ids, stop[turn.kind])
 
     # ---- taking a generated segment ----------------------------------------------------------
 
@@ -411,18 +391,6 @@ class Episode:
             for t in turns:
                 t.reward = reward
         self.done = True
-
-    def training_turns(self, episode: int = -1) -> list[Turn]:
-        """The finished episode as the trainer's records: one Turn per role turn with a token to learn
-        (loss mask 1), grouped by task, with its reward and (once credit is assigned) its advantage."""
-        if not self.done:
-            raise RuntimeError("training_turns() before the episode finished")
-        return trainer_turns(self.turns, self.task.id, self.correct, episode)
-
-    @property
-    def learned_turns(self) -> list[TurnRecord]:
-        """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
-        return learned(self.turns)
 
     @property
     def tool_calls(self) -> int:

@@ -3,7 +3,9 @@ round graded as it ends (meta_agent.episode fills them in; traces, credit and me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from training.types import SamplingParams, Turn
 
@@ -89,26 +91,69 @@ class RoundRecord:
     plan: str | None = None  # the plan this round's executors were shown (None: none was shown)
 
 
-def learned(turns: list[TurnRecord]) -> list[TurnRecord]:
-    """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
-    return [t for t in turns if any(t.mask)]
+class PlayedEpisode:
+    """What the batched runner and the trainer read off an episode, shared by meta_agent.episode.Episode
+    and meta_agent.env_rollout.EnvEpisode: who acts, its request (the role's sampling with the turn's
+    stops, within the episode's token budget), and the finished episode's turns as the trainer's."""
 
+    turns: list[TurnRecord]
+    done: bool
+    task: Any  # a meta_agent.tasks.Task: its id is the group
+    correct: bool
+    roles: dict[str, Any]  # name -> roles.RoleSpec
+    adapters: dict[str, str]
+    limits: Limits
+    chat: Any  # meta_agent.chat.ChatFormat
+    _tokens_used: int
 
-def trainer_turns(turns: list[TurnRecord], group: str, correct: bool, episode: int = -1) -> list[Turn]:
-    """A finished episode's learned `turns` as the trainer's records, in the GRPO group `group` (the task),
-    each with its reward and (once credit is assigned) its advantage."""
-    return [
-        Turn(
-            role=t.role,
-            group=group,
-            prompt_ids=tuple(t.prompt_ids),
-            completion_ids=tuple(t.completion_ids),
-            loss_mask=tuple(t.mask),
-            logprobs=tuple(t.logprobs),
-            reward=t.reward,
-            episode=episode,
-            advantage=t.advantage or 0.0,
-            correct=correct,
+    @property
+    def current_role(self) -> str | None:
+        return None if self.done else self.turns[-1].role
+
+    def request(self) -> Request:
+        raise NotImplementedError
+
+    def _request(self, prompt_ids: Sequence[int], stop: tuple[str, ...]) -> Request:
+        """The acting turn's request on `prompt_ids`: its role's sampling, ended at `stop`, at most what is
+        left of the episode's token budget, on the role's adapter."""
+        turn = self.turns[-1]
+        spec = self.roles[turn.role].sampling
+        budget = self.limits.max_new_tokens - self._tokens_used
+        sampling = SamplingParams(
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            max_new_tokens=max(1, min(spec.max_new_tokens, budget)),
+            stop=stop,
+            repetition_stop=spec.repetition_stop,
         )
-        for t in learned(turns)
-    ]
+        return Request(turn.role, tuple(prompt_ids), sampling, self.adapters[turn.role])
+
+    def observation(self) -> str:
+        """The text the acting role sees now: its prompt and its own turn so far."""
+        return self.chat.decode_raw(self.request().prompt_ids)
+
+    def training_turns(self, episode: int = -1) -> list[Turn]:
+        """The finished episode as the trainer's records: one Turn per role turn with a token to learn
+        (loss mask 1), grouped by task, with its reward and (once credit is assigned) its advantage."""
+        if not self.done:
+            raise RuntimeError("training_turns() before the episode finished")
+        return [
+            Turn(
+                role=t.role,
+                group=self.task.id,
+                prompt_ids=tuple(t.prompt_ids),
+                completion_ids=tuple(t.completion_ids),
+                loss_mask=tuple(t.mask),
+                logprobs=tuple(t.logprobs),
+                reward=t.reward,
+                episode=episode,
+                advantage=t.advantage or 0.0,
+                correct=self.correct,
+            )
+            for t in self.learned_turns
+        ]
+
+    @property
+    def learned_turns(self) -> list[TurnRecord]:
+        """The turns with a token to learn (loss mask 1): a demonstration's caught mistake has none."""
+        return [t for t in self.turns if any(t.mask)]
