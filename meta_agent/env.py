@@ -242,14 +242,11 @@ class ParallelExecutorsEnv(ParallelEnv):
 
 MAX_REFLECTION_CHARS = 1_000  # a reflection as the solver's next attempt shows it
 # the blocks FeedbackEnv lays out as the hierarchy's episode does, so roles warm-started on its
-# demonstrations read them as they learnt to (meta_agent.prompts)
-FEEDBACK_HEADERS = (
-    PREVIOUS_HEADER,
-    REFLECTION_HEADER,
-    "Question:",
-    "The executor's work:",
-    "Its final answer:",
-)
+# demonstrations read them as they learnt to (meta_agent.prompts). Model text that writes one of the
+# episode's own headers, or a tool-result tag, is refused as the episode refuses it; the others are
+# quoted where they start a line, and the action stands.
+REFUSED_HEADERS = (PREVIOUS_HEADER, REFLECTION_HEADER)
+QUOTED_HEADERS = ("Question:", "The executor's work:", "Its final answer:", "[executor]")
 
 
 @dataclass
@@ -276,10 +273,12 @@ class FeedbackEnv(AECEnv):
     the reflector's reflection on it. Every agent gets the episode's reward when it ends; `infos` give the
     answer, whether it was right, the attempts, tool calls and errors, and per action what it forged.
 
-    The prompts are laid out as the hierarchy's episode lays them out, so roles warm-started on its
-    demonstrations read them as they learnt to: the role's own system prompt (`system_prompt` is None),
-    then for the solver "Previous attempt:" blocks, each told wrong, "The meta-thinker's reflection:" and
-    "Question: ..."; for the reflector the question, "The executor's work:" and "Its final answer:".
+    The solver's prompts are laid out as the hierarchy's episode lays them out, so an executor
+    warm-started on its demonstrations reads them as it learnt to: its role's own system prompt
+    (`system_prompt` is None; `tool_names` says which tools it describes), then "Previous attempt:"
+    blocks, each told wrong, "The meta-thinker's reflection:" and "Question: ...". The reflector gets its
+    role's system prompt, the question, "The executor's work:" and "Its final answer:", and is asked for
+    a reflection alone (the hierarchy's reflect prompt also asks for a lesson and a verdict).
 
         env = FeedbackEnv(attempts=3, reflector="meta_thinker")
         env.reset(seed=0, options={"task": task})        # a Task; without one, drawn from `task`'s train split
@@ -322,8 +321,9 @@ class FeedbackEnv(AECEnv):
             raise ValueError(f"FeedbackEnv's tools {missing} are not in its registry")
         self.grammar = Grammar()
         # what only the env writes into an observation: model text (actions, and tool output echoing
-        # it) has these quoted, so it cannot close a tool result or start an attempt line of its own
-        self._markers = Markers(self.grammar.tool_result, FEEDBACK_HEADERS)
+        # it) has these quoted, so it cannot close a tool result or start a block of its own
+        self._refused = Markers(self.grammar.tool_result, REFUSED_HEADERS)
+        self._quoted = Markers((), QUOTED_HEADERS)
         self.possible_agents = [solver] + ([reflector] if reflector else [])
         self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
         self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
@@ -337,6 +337,10 @@ class FeedbackEnv(AECEnv):
 
     def action_space(self, agent: str) -> TextSpace:
         return self.action_spaces[agent]
+
+    def tool_names(self, agent: str) -> list[str]:
+        """The tools the env runs for `agent`: the role's system prompt describes only these."""
+        return [] if agent == self.reflector else list(self.tools)
 
     def system_prompt(self, agent: str) -> None:
         """None: each agent is prompted with its role's own system prompt (meta_agent.env_rollout)."""
@@ -379,10 +383,11 @@ class FeedbackEnv(AECEnv):
             done = [a for a in self.history if a.answer is not None]
             if not done or done[-1].correct:  # nothing wrong to reflect on (yet)
                 return TextObservation(f"{question}\n\nNo wrong attempt to reflect on.")
+            work = tail(done[-1].work.strip()) or "(no work)"
             text = (
-                f"{question}\n\nThe executor's work:\n{tail(done[-1].work.strip()) or '(no work)'}\n\n"
-                f"Its final answer: {done[-1].answer or '(none)'}\n\nThe answer is wrong. Write what went "
-                "wrong and what to do instead inside <reflection>...</reflection>."
+                f"{question}\n\nThe executor's work:\n[{self.solver}]\n{work}\n\n"
+                f"Its final answer: {done[-1].answer or '(no answer)'}\n\nThe answer is wrong. Write what "
+                "went wrong and what to do instead inside <reflection>...</reflection>."
             )
         else:
             blocks = []
@@ -406,7 +411,8 @@ class FeedbackEnv(AECEnv):
             )
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
-        action, forged = neutralise(action, self._markers)
+        action, forged = neutralise(action, self._refused)
+        action, _ = neutralise(action, self._quoted)
         self.forged += forged
         if agent == self.reflector:
             body = action.split(self.grammar.reflection[0])[-1].split(self.grammar.reflection[1])[0]
@@ -445,7 +451,8 @@ class FeedbackEnv(AECEnv):
                     result = self.registry.call(*parsed)
                     output, ok = result.output, result.ok
             self.tool_errors += not ok
-            attempt.work += self.grammar.wrap_tool_result(neutralise(output, self._markers)[0])
+            output = neutralise(neutralise(output, self._refused)[0], self._quoted)[0]
+            attempt.work += self.grammar.wrap_tool_result(output)
             return
         attempt.work += stripped
         attempt.answer = "" if forged else step.answer or ""

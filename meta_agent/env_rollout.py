@@ -155,11 +155,11 @@ class EnvEpisode(PlayedEpisode):
         turn.completion_ids = list(token_ids)
         turn.mask = [1] * len(token_ids)
         turn.logprobs = list(logprobs) if logprobs else [0.0] * len(token_ids)
-        turn.text, turn.forged = neutralise(text, self._markers)
+        turn.text, turn.forged = neutralise(text, self._markers)  # what the env is given, too
         # ended where the env's stops end an action (without stops: at end of text, not cut by a limit)
         ended = ("stop",) if getattr(self._hooks, "stops", None) else ("stop", "eos")
         self._tokens_used += len(token_ids)
-        self.env.step(text)
+        self.env.step(turn.text)
         self._collect()
         # an env may report what in the action imitated its own markers (FeedbackEnv does: `forged`)
         turn.forged += int(self.env.infos.get(turn.role, {}).get("forged", 0))
@@ -197,8 +197,10 @@ class EnvEpisode(PlayedEpisode):
                 continue
             hooks, role = self._hooks, self.roles[agent]
             system = hooks.system_prompt(agent) if hasattr(hooks, "system_prompt") else None
-            if system is None:  # the role's own, its tools described as in the hierarchy's episode
-                system = role.system_text(self.registry.describe(role.tools) if role.tools else "")
+            if system is None:  # the role's own, its tools (those the env runs) described as in the episode
+                runs = hooks.tool_names(agent) if hasattr(hooks, "tool_names") else role.tools
+                tools = [t for t in role.tools if t in runs]
+                system = role.system_text(self.registry.describe(tools) if tools else "")
             observation, _ = neutralise(str(env.observe(agent)), self._markers)
             messages = [{"role": "system", "content": system}, {"role": "user", "content": observation}]
             prompt = self.chat.prompt(messages)

@@ -113,8 +113,9 @@ class Episode(PlayedEpisode):
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.internal = internal or Truncate()
         specials = getattr(chat.tokenizer, "all_special_tokens", ())
-        notes = (NOTES_HEADER,) if self.internal.carries else ()
-        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, notes)
+        extra = (NOTES_HEADER,) if self.internal.carries else ()
+        extra += (CHECK_HEADER,) if self.limits.number_check else ()
+        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, extra)
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from memory.types import MemoryHit
 from meta_agent.episode_records import TurnRecord
-from roles import Grammar
+from roles import Grammar, without_step_numbers
 
 WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
 # The headers of the blocks below: only the environment writes them at the start of a line.
@@ -51,10 +51,11 @@ def environment_markers(
     extra_headers: Iterable[str] = (),
 ) -> Markers:
     """The markers of an episode's prompts; `extra_headers`: the headers of blocks only some episodes show
-    (NOTES_HEADER, where the internal memory carries notes), so the others quote exactly what they did."""
+    (NOTES_HEADER, where the internal memory carries notes; CHECK_HEADER, with protocol.number_check), so
+    the others quote exactly what they did."""
     tags = {tag for g in grammars for tag in g.tool_result}
     anywhere = sorted(tags | {t for t in special_tokens if t}, key=len, reverse=True)
-    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, CHECK_HEADER, *extra_headers]
+    headers = [LESSONS_HEADER, WORK_HEADER, PREVIOUS_HEADER, REFLECTION_HEADER, *extra_headers]
     headers += [f"[{r}]" for r in roles]
     return Markers(tuple(anywhere), tuple(sorted(headers, key=len, reverse=True)))
 
@@ -96,8 +97,11 @@ def number_check(question: str, plan: str | None, calls: Sequence[str]) -> str:
     """protocol.number_check: a line for each number of the question that the plan or the work (the
     executors' tool calls) lacks, with the question's sentence that gives it; nothing is judged, only
     found. number_check("It has 5 boxes. It had 9 visits.", "1. Add 5.", ["5 + 9"]) ->
-    '9 (in the work, not in the plan): "It had 9 visits."'. Every number in both: one line saying so."""
-    planned, used = set(whole_numbers(plan or "")), set(whole_numbers(" ".join(calls)))
+    '9 (in the work, not in the plan): "It had 9 visits."'. Every number in both: one line saying so.
+    Whole numbers only (a decimal is not checked), each once, with the first sentence that gives it; the
+    plan's step numbers ("2. ") are not numbers it uses."""
+    planned = set(whole_numbers(without_step_numbers(plan or "")))
+    used = set(whole_numbers(" ".join(calls)))
     sentences = [s.strip() for s in re.split(r"(?<=[.?!])\s+", question) if s.strip()]
     lines = []
     for number in dict.fromkeys(whole_numbers(question)):

@@ -16,6 +16,7 @@ from roles.grammar import (
     recover_answer,
     states_answer,
     step_texts,
+    without_step_numbers,
 )
 from roles.rewards import Outcome, reflection_reward, role_reward, round_reflection_reward
 from roles.spec import (
@@ -58,6 +59,7 @@ __all__ = [
     "recover_answer",
     "states_answer",
     "step_texts",
+    "without_step_numbers",
     "reflection_reward",
     "role_reward",
     "round_reflection_reward",

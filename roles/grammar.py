@@ -225,11 +225,17 @@ def states_answer(text: str, answer: str | None, grammar: Grammar, question: str
     if _NUMBER.fullmatch(norm):
         if norm in _numbers(question):
             return False
-        return norm in _numbers(_STEP_NUMBER.sub("", text))
+        return norm in _numbers(without_step_numbers(text))
     return len(norm) >= 3 and norm in text and norm not in question
 
 
 _STEP_NUMBER = re.compile(r"(?m)^\s*\d+[.)]\s")
+
+
+def without_step_numbers(text: str) -> str:
+    """`text` with the number of each numbered step ("2. ", "2) " at a line's start) taken out, so that
+    what is left holds only the numbers the steps use."""
+    return _STEP_NUMBER.sub("", text)
 
 
 def _numbers(text: str) -> set[str]:

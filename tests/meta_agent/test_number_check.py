@@ -31,6 +31,10 @@ def test_number_check_lists_what_the_plan_or_the_work_lacks_with_its_sentence():
     assert number_check("It has 5 boxes.", "1. Add 5.", ["5"]) == (
         "Every number of the question is in the plan and in the work."
     )
+    # a step's own number ("2. ") is no number the plan uses
+    assert number_check("Tom has 2 apples and 5 pears.", "1. Add 5 and 7.\n2. Done.", ["5+7"]) == (
+        '2 (in neither the plan nor the work): "Tom has 2 apples and 5 pears."'
+    )
 
 
 def test_the_reflection_prompt_shows_the_check_only_when_asked_and_quotes_a_forged_one(make_episode, chat):
