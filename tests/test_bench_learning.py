@@ -144,7 +144,8 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
 
 
 def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
-    """train.algorithm, grpo.zero_variance_of, memory.internal and the dpo: and value: sections came after the default
+    """train.algorithm, grpo.zero_variance_of, memory.internal, protocol.number_check, train.env and the dpo:
+    and value: sections came after the default
     experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
     them."""
     from bench.learning import NEUTRAL, settings_of, without_neutral
@@ -175,7 +176,22 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {"advantage": "grpo"}}
     assert settings_of("arith_hierarchy", ["memory.internal=truncate"]) == same  # the prompts as they were
     assert settings_of("arith_hierarchy", ["memory.internal=summary"])[1] != same[1]
-    assert set(NEUTRAL) == {"train.algorithm", "grpo.zero_variance_of", "dpo", "value", "memory.internal"}
+    # protocol.number_check and train.env (with its env_args) came later still: off, the prompts and the
+    # episode are as they were
+    assert settings_of("arith_hierarchy", ["protocol.number_check=false"]) == same
+    assert settings_of("arith_hierarchy", ["protocol.number_check=true"])[1] != same[1]
+    assert settings_of("arith_hierarchy", ["+train.env_args.attempts=2"]) == same  # unread without train.env
+    assert settings_of("arith_hierarchy", ["train.env=feedback"])[1] != same[1]
+    assert set(NEUTRAL) == {
+        "train.algorithm",
+        "grpo.zero_variance_of",
+        "dpo",
+        "value",
+        "memory.internal",
+        "protocol.number_check",
+        "train.env",
+        "train.env_args",
+    }
 
 
 def test_the_fingerprint_follows_the_training_code(monkeypatch):
