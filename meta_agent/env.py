@@ -28,14 +28,14 @@ import numpy as np
 from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
-from meta_agent.episode import Episode
+from meta_agent.episode import Episode, run_call
 from meta_agent.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
 from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade_task, load_tasks
 from roles import Grammar, meta_thinker, parse_executor
 from roles import executors as executor_specs
-from tools import ToolResult, build_registry
-from tools.registry import ToolRegistry, parse_tool_call
+from tools import build_registry
+from tools.registry import ToolRegistry
 
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 4_000
@@ -442,14 +442,8 @@ class FeedbackEnv(AECEnv):
             if attempt.calls > self.max_tool_calls:
                 output = "tool call limit reached for this attempt: give your answer now"
             else:
-                parsed = parse_tool_call(step.tool_call)
-                if isinstance(parsed, ToolResult):
-                    output = parsed.output
-                elif parsed[0] not in self.tools:
-                    output = f"unknown tool {parsed[0]!r}; available: {', '.join(self.tools) or 'none'}"
-                else:
-                    result = self.registry.call(*parsed)
-                    output, ok = result.output, result.ok
+                result = run_call(self.registry, self.tools, step.tool_call)[1]
+                output, ok = result.output, result.ok
             self.tool_errors += not ok
             output = neutralise(neutralise(output, self._refused)[0], self._quoted)[0]
             attempt.work += self.grammar.wrap_tool_result(output)

@@ -133,7 +133,7 @@ class EnvEpisode(PlayedEpisode):
         self.truncated = False
         self.done = False
         self._infos: dict[str, dict] = {}
-        self._ended = {"terminated": False, "truncated": False}
+        self._env_truncated = False  # some agent was truncated by the env
         self._tokens_used = 0
         env.reset(seed=seed, options={"task": task})  # the task itself, as the env's tasks are
         self._collect()
@@ -178,7 +178,7 @@ class EnvEpisode(PlayedEpisode):
             self.rewards[agent] = self.rewards.get(agent, 0.0) + float(reward)
         for agent, info in self.env.infos.items():
             self._infos[agent] = dict(info)
-        self._ended["truncated"] |= any(self.env.truncations.values())
+        self._env_truncated |= any(self.env.truncations.values())
 
     def _next(self) -> None:
         """Step past finished agents (as PettingZoo asks) to the next live one and start its turn."""
@@ -209,7 +209,7 @@ class EnvEpisode(PlayedEpisode):
                 prompt += self.chat.encode(neutralise(prefill, self._markers)[0])
             self.turns.append(TurnRecord(role=agent, kind=ACT, round=len(self.turns), prompt_ids=prompt))
             return
-        self._finish(truncated=self._ended["truncated"])
+        self._finish(truncated=self._env_truncated)
 
     def _finish(self, *, truncated: bool) -> None:
         self.truncated = truncated

@@ -61,6 +61,24 @@ from roles import (
 from tools.registry import ToolRegistry, parse_tool_call
 from tools.types import BAD_CALL, ToolResult
 
+
+def run_call(registry: ToolRegistry, allowed: Sequence[str], body: str) -> tuple[str, ToolResult]:
+    """A tool call as a model wrote it (`body`, between the call tags), run when it parses and names one of
+    `allowed` that `registry` holds: (the tool's name, "?" when the body does not parse; its result). A
+    call that does not parse or names another tool is a BAD_CALL result saying why."""
+    parsed = parse_tool_call(body)
+    if isinstance(parsed, ToolResult):
+        return "?", parsed
+    name, arguments = parsed
+    name = valid_text(name)  # JSON can spell a lone surrogate; the traces must still write it
+    available = [t for t in allowed if t in registry]
+    if name not in available:
+        return name, ToolResult(
+            False, f"unknown tool {name!r}; available: {', '.join(available) or 'none'}", BAD_CALL
+        )
+    return name, registry.call(name, arguments)
+
+
 __all__ = [
     "ACCEPT",
     "EXECUTE",
@@ -73,6 +91,7 @@ __all__ = [
     "RoundRecord",
     "ToolCall",
     "TurnRecord",
+    "run_call",
 ]
 
 
@@ -207,20 +226,8 @@ class Episode(PlayedEpisode):
             )
             name = "?"
         else:
-            parsed = parse_tool_call(body)
-            if isinstance(parsed, ToolResult):
-                result, name = parsed, "?"
-            else:
-                name, arguments = parsed
-                name = valid_text(name)  # JSON can spell a lone surrogate; the traces must still write it
-                # What the role may call and the registry holds: its system prompt lists the same.
-                available = [t for t in role.tools if t in self.registry]
-                if name not in available:
-                    result = ToolResult(
-                        False, f"unknown tool {name!r}; available: {', '.join(available)}", BAD_CALL
-                    )
-                else:
-                    result = self.registry.call(name, arguments)
+            # What the role may call and the registry holds: its system prompt lists the same.
+            name, result = run_call(self.registry, role.tools, body)
         # A tool's output can echo what the model wrote (a program's prints, an error quoting the call):
         # markers in it are quoted and counted too, so no output closes its own tag early.
         output, forged = neutralise(result.output, self._markers)

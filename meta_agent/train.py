@@ -92,13 +92,12 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
-    make_env = None
-    if cfg.train.env:
+    if not cfg.train.env:
+        make_env = None
+        evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
+    else:  # the rollouts and the test tasks played through the env
         check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
         make_env = env_maker(cfg.train.env, cfg.train.env_args)
-    if make_env is None:
-        evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
-    else:  # the test tasks played through the env, as the rollouts are
         drain = system.backbone.lockstep.drain
         evaluate = partial(
             env_accuracy, make_env, system.factory, system.backend, test, cfg.seed, ranks, drain
