@@ -87,6 +87,14 @@ def neutralise(text: str, markers: Markers) -> tuple[str, int]:
 _WHOLE_NUMBER = re.compile(r"(?<![\d,.])(?:\d{1,3}(?:,\d{3})+|\d+)(?![\d,]*\d|\.\d)")
 
 
+# number_check's line for a number, by (in the plan, in the work); in both: no line
+_WHERE = {
+    (True, False): "in the plan, not in the work",
+    (False, True): "in the work, not in the plan",
+    (False, False): "in neither the plan nor the work",
+}
+
+
 def whole_numbers(text: str) -> list[str]:
     """The whole numbers written in `text`, in order, without thousands commas: "7,293 and 12" ->
     ["7293", "12"]."""
@@ -105,11 +113,7 @@ def number_check(question: str, plan: str | None, calls: Sequence[str]) -> str:
     sentences = [s.strip() for s in re.split(r"(?<=[.?!])\s+", question) if s.strip()]
     lines = []
     for number in dict.fromkeys(whole_numbers(question)):
-        where = {
-            (True, False): "in the plan, not in the work",
-            (False, True): "in the work, not in the plan",
-            (False, False): "in neither the plan nor the work",
-        }.get((number in planned, number in used))
+        where = _WHERE.get((number in planned, number in used))
         if where is None:
             continue
         said = next(s for s in sentences if number in whole_numbers(s))
