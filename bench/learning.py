@@ -172,6 +172,7 @@ NEUTRAL = {
     "protocol.number_check": False,  # the reflect prompts as they were
     "train.env": None,  # the hierarchy's own episode
     "train.env_args": ("train.env", None),  # read only with train.env
+    "custom_tasks": {},  # a researcher's own tasks: none defined trains as before
 }
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -144,8 +146,8 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
 
 
 def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
-    """train.algorithm, grpo.zero_variance_of, memory.internal, protocol.number_check, train.env and the dpo:
-    and value: sections came after the default
+    """train.algorithm, grpo.zero_variance_of, memory.internal, protocol.number_check, train.env,
+    custom_tasks and the dpo: and value: sections came after the default
     experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
     them."""
     from bench.learning import NEUTRAL, settings_of, without_neutral
@@ -182,6 +184,11 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     assert settings_of("arith_hierarchy", ["protocol.number_check=true"])[1] != same[1]
     assert settings_of("arith_hierarchy", ["+train.env_args.attempts=2"]) == same  # unread without train.env
     assert settings_of("arith_hierarchy", ["train.env=feedback"])[1] != same[1]
+    # custom_tasks came with train.env: none defined leaves the fingerprint of the seeds recorded before it,
+    # so the default experiment's seeds in bench/results/learning.json stay in its means
+    recorded = json.loads((Path(__file__).parents[1] / "bench/results/learning.json").read_text())
+    assert {seed["config_sha"] for seed in recorded["per_seed"]} == {same[1]}
+    assert settings_of("arith_hierarchy", ["+custom_tasks.mine={path: x.jsonl}"])[1] != same[1]
     assert set(NEUTRAL) == {
         "train.algorithm",
         "grpo.zero_variance_of",
@@ -191,6 +198,7 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
         "protocol.number_check",
         "train.env",
         "train.env_args",
+        "custom_tasks",
     }
 
 
