@@ -72,6 +72,9 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     return result, time.perf_counter() - start
 
 
+KERNEL_LEVEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
 def machine_info(**versions: str) -> dict[str, Any]:
     """Where a measurement ran: interpreter, numpy, CPUs and load, plus the library versions given."""
     return {
@@ -83,6 +86,8 @@ def machine_info(**versions: str) -> dict[str, Any]:
         # The benchmark machines are shared: a busy machine explains slow numbers.
         "load_average_1m_at_start": round(os.getloadavg()[0], 2),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        # set, these make torch, MKL and oneDNN run the kernels of an older CPU (an AVX2-only one, say)
+        **{f"{name.lower()}_env": os.environ[name] for name in KERNEL_LEVEL_ENV if name in os.environ},
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": _cpu_model(),

@@ -259,6 +259,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "generated_tokens": hierarchy["train/generated_tokens"],
         "seconds": round(seconds, 1),
         "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),  # AVX2: as an AVX2-only CPU computes
         "grpo_per_step": grpo_timeline(run_dir),
     }
     save()
@@ -448,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch=torch.__version__,
         transformers=transformers.__version__,
         torch_threads=str(torch.get_num_threads()),
+        torch_cpu_kernels=torch.backends.cpu.get_cpu_capability(),
     )
     experiments = TASKS[args.task]
     args.dtype, args.config_sha = settings_of(experiments[0], args.overrides)

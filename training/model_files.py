@@ -187,6 +187,10 @@ def native_bf16(device: str = "cpu") -> bool:
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device != "cpu":
         return False
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        # torch's kernels run below AVX512 (an older CPU, or ATEN_CPU_CAPABILITY=avx2 on this one): there a
+        # bf16 matmul is emulated, 17x slower than in AVX512 here, 4x slower than float32
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:

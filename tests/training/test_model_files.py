@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +32,18 @@ def test_dtype_auto_is_bf16_only_where_it_is_native(monkeypatch):
     assert model_files.torch_dtype("float32") == torch.float32
     with pytest.raises(ValueError, match="model.dtype=int8 is not"):
         model_files.torch_dtype("int8")
+
+
+def test_bf16_is_not_native_where_torch_runs_avx2_kernels():
+    """ATEN_CPU_CAPABILITY=avx2 makes torch compute as on an AVX2-only CPU, where bf16 is emulated: auto is
+    float32 there, whatever /proc/cpuinfo lists (how bench/ times float32 on a CPU with native bf16)."""
+    code = (
+        "import torch; from training.model_files import native_bf16; "
+        "print(native_bf16(), torch.backends.cpu.get_cpu_capability())"
+    )
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "AVX2"]
 
 
 def test_missing_model_path_error(tmp_path):
