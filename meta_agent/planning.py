@@ -99,6 +99,16 @@ class PlannerSettings:
             )
         if not 0.0 <= self.widening <= 1.0:
             raise ValueError(f"planner.widening must be in [0, 1], got {self.widening}")
+        defaults = {key: PlannerSettings.__dataclass_fields__[key].default for key in ("c_puct", "widening")}
+        changed = [
+            f"planner.{key}={getattr(self, key)}" for key in defaults if getattr(self, key) != defaults[key]
+        ]
+        if self.name == "best_of_n" and changed:
+            raise ValueError(
+                f"{' and '.join(changed)}: only the tree search (planner.name=mcts) reads "
+                f"{'this' if len(changed) == 1 else 'these'}; planner.name=best_of_n plays every episode from "
+                "the question: leave it out, or use planner.name=mcts"
+            )
         if self.name == "best_of_n" and self.value != "votes":
             raise ValueError(
                 f"planner.value={self.value} chooses among plans in the tree search: planner.name=best_of_n "

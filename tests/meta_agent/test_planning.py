@@ -458,6 +458,22 @@ def test_best_of_n_is_refused_another_value():
     assert load_config(["planner.name=best_of_n", "roles=single_agent"]).planner.name == "best_of_n"
 
 
+def test_best_of_n_is_refused_the_tree_search_settings():
+    """c_puct and widening steer the search down the tree; best-of-N has none, so setting them is a mistake."""
+    with pytest.raises(
+        SettingError, match=r"planner.c_puct=2.0: only the tree search .* reads this; .*leave it out"
+    ):
+        load_config(["planner.name=best_of_n", "planner.c_puct=2.0"])
+    with pytest.raises(
+        SettingError,
+        match=r"planner.c_puct=0.5 and planner.widening=1.0: only the tree search .* reads these",
+    ):
+        load_config(["planner.name=best_of_n", "planner.c_puct=0.5", "planner.widening=1.0"])
+    tree = load_config(["planner.name=mcts", "planner.c_puct=2.0", "planner.widening=1.0"]).planner
+    assert (tree.c_puct, tree.widening) == (2.0, 1.0)
+    assert load_config(["planner.name=best_of_n", "planner.c_puct=1.0"]).planner.c_puct == 1.0  # the default
+
+
 class FirstEpisode:
     """A researcher's own planner, written against the Planner protocol alone: one episode per problem at
     the roles' own temperatures, sampled with the seeds of the problem's index."""
