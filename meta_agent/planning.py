@@ -275,7 +275,7 @@ class Simulation:
 class SearchResult:
     task: Task
     # the chosen answer: mcts, the majority of the simulations through the most visited plan; best_of_n,
-    # of all of them
+    # of all of them (as normal_answer compares answers), as the first of that majority wrote it
     answer: str | None
     correct: bool  # that answer passes the task's verifier (the search never reads the answer key)
     episode: Episode  # the one to show: a simulation among those that reached that answer
@@ -347,10 +347,10 @@ def revalue(root: Node) -> None:
 
 
 def majority_answer(answers: Sequence[str | None]) -> str | None:
-    """The most frequent answer as `normal_answer` compares them (ties: the first given), None when none."""
-    normal = [normal_answer(a) for a in answers]
-    first = majority(normal)
-    return None if first is None else normal[first]
+    """The most frequent answer as `normal_answer` compares them (ties: the first given), as its first
+    sample wrote it (a code answer keeps its lines), None when none."""
+    first = majority([normal_answer(a) for a in answers])
+    return None if first is None else answers[first]
 
 
 def choose(root: Node) -> tuple[Node, str | None]:
@@ -449,7 +449,8 @@ def search(
     for p, task in enumerate(tasks):
         best, answer = (roots[p], majority_answer(roots[p].answers)) if flat else choose(roots[p])
         through = [s for s in played[p] if any(n is best for n in s.path)]
-        shown = next((s for s in through if normal_answer(s.episode.final_answer) == answer), through[0])
+        voted = normal_answer(answer)
+        shown = next((s for s in through if normal_answer(s.episode.final_answer) == voted), through[0])
         correct = answer is not None and shown.episode.correct
         results.append(
             SearchResult(task, answer, correct, shown.episode, len(played[p]), tokens[p], roots[p])

@@ -20,6 +20,7 @@ from meta_agent.planning import (
     choose,
     episode_value,
     leaf_state,
+    majority_answer,
     may_widen,
     priors,
     puct,
@@ -83,7 +84,7 @@ def test_values_without_the_answer_key(make_episode):
     assert episode_value(ep, ["555491"], "verdict") == 1.0
     root = Node("root", children=[node(0.0, visits=3), node(0.0, visits=1)])
     root.children[0].answers = ["7", "555,491", "555491"]
-    assert choose(root) == (root.children[0], "555491")
+    assert choose(root) == (root.children[0], "555,491")  # the majority's first sample, as it wrote it
 
 
 class Scripted:
@@ -442,8 +443,8 @@ def test_best_of_n_answers_the_majority_of_the_samples_eval_draws(one_round, cha
         mine = sampled[p * n : (p + 1) * n]
         answers = [normal_answer(ep.final_answer) for ep in mine]
         assert len(set(answers)) == 2, "the scripted samples should disagree"
-        assert r.answer == answers[majority(answers)]
-        assert r.correct == (r.answer == normal_answer(r.task.answer))
+        assert r.answer == mine[majority(answers)].final_answer  # as the sample wrote it
+        assert r.correct == (normal_answer(r.answer) == normal_answer(r.task.answer))
         assert r.generated_tokens == sum(t.generated_tokens for ep in mine for t in ep.turns)
         assert r.tree.visits == n and sum(c.visits for c in r.tree.children) == n
         plans = [ep.turns[0].text for ep in mine]
@@ -456,6 +457,15 @@ def test_best_of_n_is_refused_another_value():
     with pytest.raises(SettingError, match="eval.samples=1"):
         load_config(["planner.name=best_of_n", "eval.samples=4"])
     assert load_config(["planner.name=best_of_n", "roles=single_agent"]).planner.name == "best_of_n"
+
+
+def test_the_majority_answer_is_given_as_its_first_sample_wrote_it():
+    """Votes compare answers without spaces, commas and a final period; the answer given back is the first
+    sample of the winning kind, unchanged: a code answer keeps its lines and indentation."""
+    assert majority_answer(["99", "1,234.", "1234", None]) == "1,234."
+    assert majority_answer([None, None]) is None
+    code = ["def f(x):\n    return x + 1", "def g():\n    pass", "def f(x):\n  return x+1"]
+    assert majority_answer(code) == "def f(x):\n    return x + 1"
 
 
 def test_best_of_n_is_refused_the_tree_search_settings():
@@ -487,7 +497,7 @@ class FirstEpisode:
         out = []
         for t, ep in zip(tasks, episodes, strict=True):
             root = Node("root", visits=1, answers=[ep.final_answer])
-            answer = normal_answer(ep.final_answer)
+            answer = ep.final_answer
             tokens = sum(turn.generated_tokens for turn in ep.turns)
             out.append(SearchResult(t, answer, answer is not None and ep.correct, ep, 1, tokens, root))
         return out
