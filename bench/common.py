@@ -72,7 +72,12 @@ def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float
     return result, time.perf_counter() - start
 
 
-KERNEL_LEVEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+KERNEL_LEVEL_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+)
 
 
 def machine_info(**versions: str) -> dict[str, Any]:

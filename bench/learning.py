@@ -31,7 +31,8 @@ Writes bench/results/learning.json; the default task at its top level, the refle
   difference from the unmodified hierarchy with its interval over seeds;
 - `hierarchy_seconds_float32` and/or `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
   which the CPU decides): the mean wall time of the experiment per seed;
-- `targets`, `meets` (None where the seeds cannot say), `settings`, `machine`, `wall_seconds`;
+- `targets`, `meets` (None where the seeds cannot say), `settings`, `machine` and `wall_seconds` (the last
+  call's; each seed's record keeps its own `machine`, `dtype` and `cpu_kernels`);
 - the reflection task adds `hierarchy_minus_single`, `self_correction_before`, `self_correction_after`,
   `revise_recall_after`, `revise_precision_after` and `one_round_minus_two_{before,after}`.
 A measurement, not a test.
@@ -260,6 +261,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "seconds": round(seconds, 1),
         "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
         "cpu_kernels": torch.backends.cpu.get_cpu_capability(),  # AVX2: as an AVX2-only CPU computes
+        "machine": args.machine,  # the call's: a file's seeds may come from several machines
         "grpo_per_step": grpo_timeline(run_dir),
     }
     save()
@@ -451,6 +453,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         torch_threads=str(torch.get_num_threads()),
         torch_cpu_kernels=torch.backends.cpu.get_cpu_capability(),
     )
+    args.machine = {k: v for k, v in machine.items() if k != "load_average_1m_now"}
     experiments = TASKS[args.task]
     args.dtype, args.config_sha = settings_of(experiments[0], args.overrides)
     # The default task is the file's top level, the reflection task its reflection_task section: a run
@@ -481,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 "experiments": list(experiments),
                 "overrides": list(args.overrides),
                 "config_sha": args.config_sha,
-                "dtype": args.dtype,
+                "dtypes": sorted({r["dtype"] for r in records if "dtype" in r}),  # each seed's is its own
                 "single_agent": "GRPO until it has generated as many tokens as the hierarchy's GRPO did",
                 "eval": "held-out test split of the experiment's task (drawn with the seed), greedy, "
                 "train.eval_limit problems",
@@ -489,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 f"two rounds allowed, arms {list(PROBE_ARMS)}; sft-best (before) and the last checkpoint",
                 "intervals": "95% Student's t over seeds of per-seed paired differences",
             },
-            "machine": machine,
+            "machine": machine,  # this call's; each seed's record has the machine it ran on
         }
         if args.task == "default":
             result = {**section, "targets": TARGETS, "meets": meets(summary), **other}

@@ -182,17 +182,24 @@ def torch_dtype(name: str, device: str = "cpu") -> torch.dtype:
 
 def native_bf16(device: str = "cpu") -> bool:
     """Whether bfloat16 matmuls run in hardware: a CUDA card that supports them, or a CPU with
-    AVX512-BF16 or AMX (there they ran 4.5x faster than float32 here; elsewhere they are emulated)."""
+    AVX512-BF16 or AMX whose AVX512 kernels torch uses (there they ran 4.5x faster than float32 here;
+    elsewhere they are emulated)."""
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device != "cpu":
         return False
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        # torch's kernels run below AVX512 (an older CPU, or ATEN_CPU_CAPABILITY=avx2 on this one): there a
-        # bf16 matmul is emulated, 17x slower than in AVX512 here, 4x slower than float32
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        # torch's kernels run below AVX512: an older CPU, or one told to compute as one (ATEN_CPU_CAPABILITY=avx2,
+        # with ONEDNN_MAX_CPU_ISA=AVX2 for oneDNN's matmuls), where a bf16 matmul took 17x its AVX512 time here,
+        # 4x float32's
         return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_flags() -> set[str]:
+    """The words of /proc/cpuinfo (its flags among them); none where it cannot be read."""
+    try:
+        return set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -34,6 +35,21 @@ def test_dtype_auto_is_bf16_only_where_it_is_native(monkeypatch):
         model_files.torch_dtype("int8")
 
 
+def test_bf16_is_native_only_with_the_cpu_flag_and_avx512_kernels(monkeypatch):
+    """Both must hold on a CPU: the flag in /proc/cpuinfo, and torch dispatching to its AVX512 kernels."""
+    for capability, flags, native in [
+        ("AVX512", {"avx2", "avx512f", "avx512_bf16"}, True),
+        ("AVX512", {"avx2", "amx_bf16"}, True),
+        ("AVX2", {"avx2", "avx512f", "avx512_bf16"}, False),  # ATEN_CPU_CAPABILITY=avx2 on a bf16 CPU
+        ("AVX512", {"avx2", "avx512f"}, False),
+        ("DEFAULT", set(), False),
+    ]:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        monkeypatch.setattr(model_files, "cpu_flags", lambda f=flags: f)
+        assert model_files.native_bf16("cpu") is native, (capability, flags)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ATEN_CPU_CAPABILITY=avx2 is x86's")
 def test_bf16_is_not_native_where_torch_runs_avx2_kernels():
     """ATEN_CPU_CAPABILITY=avx2 makes torch compute as on an AVX2-only CPU, where bf16 is emulated: auto is
     float32 there, whatever /proc/cpuinfo lists (how bench/ times float32 on a CPU with native bf16)."""
@@ -42,7 +58,8 @@ def test_bf16_is_not_native_where_torch_runs_avx2_kernels():
         "print(native_bf16(), torch.backends.cpu.get_cpu_capability())"
     )
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "AVX2"]
 
 
