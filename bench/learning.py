@@ -32,7 +32,7 @@ Writes bench/results/learning.json; the default task at its top level, the refle
 - `hierarchy_seconds_float32` and/or `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
   which the CPU decides): the mean wall time of the experiment per seed;
 - `targets`, `meets` (None where the seeds cannot say), `settings`, `machine` and `wall_seconds` (the last
-  call's; each seed's record keeps its own `machine`, `dtype` and `cpu_kernels`);
+  call's; each seed's record keeps its own `machine`, with its `torch_cpu_kernels`, and `dtype`);
 - the reflection task adds `hierarchy_minus_single`, `self_correction_before`, `self_correction_after`,
   `revise_recall_after`, `revise_precision_after` and `one_round_minus_two_{before,after}`.
 A measurement, not a test.
@@ -260,8 +260,9 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "generated_tokens": hierarchy["train/generated_tokens"],
         "seconds": round(seconds, 1),
         "dtype": args.dtype,  # what the seconds mean: float32 CPUs take several times longer
-        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),  # AVX2: as an AVX2-only CPU computes
-        "machine": args.machine,  # the call's: a file's seeds may come from several machines
+        # the call's: a file's seeds may come from several machines; its torch_cpu_kernels AVX2 computes as an
+        # AVX2-only CPU does
+        "machine": args.machine,
         "grpo_per_step": grpo_timeline(run_dir),
     }
     save()
