@@ -7,6 +7,7 @@ the plan do before and after GRPO (the probes), for each of `--seeds`.
     python -m bench.learning --task reflection --seeds 0,1,2,3    # the reflection task (arith_distract)
     python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
     python -m bench.learning --seeds 1,2,3 --no-single --probe-limit 0  # the hierarchy alone, per seed
+    python -m bench.learning --seeds 0,1,2,3 --reuse-hierarchy  # add the baseline and probes to those seeds
 
 Per seed: the task's hierarchy experiment (`--task default`: arith_hierarchy; `reflection`:
 distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (timed: that is the
@@ -135,6 +136,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--probe-limit", type=int, default=32, help="held-out problems per probe, 0 for none (32)")
     p.add_argument(
+        "--reuse-hierarchy",
+        action="store_true",
+        help="a seed whose record in the file has these settings and whose run folder is still here keeps "
+        "its hierarchy (results, seconds, machine) instead of training it again; the baseline and probes "
+        "run on its run's checkpoints (a seed's hierarchy trains the same every time: same seed, settings "
+        "and code). Seeds without such a record train it as usual",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         help=f"result file (default {RESULTS}; {CHECK_RESULTS} for reflection_check, "
@@ -247,6 +256,14 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     --no-single), probes (unless --probe-limit 0)."""
     overrides = [*args.overrides, f"seed={seed}"]
     experiment = TASKS[args.task][0]
+    earlier = reusable(seed, args)
+    if earlier is not None:
+        run_dir = Path(earlier["run"])
+        print(f"seed {seed}: the hierarchy of {run_dir} is reused (--reuse-hierarchy)", flush=True)
+        # the parts measured now ran on this call's machine; the record's `machine` is its hierarchy's
+        record |= {**earlier, "added_later": {"machine": args.machine, "dtype": args.dtype}}
+        record.pop("probes", None)
+        return later_parts(seed, args, record, save, run_dir, int(earlier["generated_tokens"]))
     hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
     record |= {
         "seed": seed,
@@ -266,8 +283,36 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "grpo_per_step": grpo_timeline(run_dir),
     }
     save()
+    return later_parts(seed, args, record, save, run_dir, int(hierarchy["train/generated_tokens"]))
+
+
+def reusable(seed: int, args: argparse.Namespace) -> dict | None:
+    """With --reuse-hierarchy, the file's record of `seed` at these settings whose run folder still holds
+    its sft-best and last checkpoints (what the baseline's budget and the probes need); else None."""
+    if not args.reuse_hierarchy:
+        return None
+    for record in reversed(args.kept):
+        if record.get("seed") != seed or "run" not in record or "generated_tokens" not in record:
+            continue
+        checkpoints = Path(record["run"]) / "checkpoints"
+        if (checkpoints / "sft-best").is_dir() and (checkpoints / "latest").is_file():
+            return record
+        print(
+            f"note: seed {seed}'s run {record['run']} has no sft-best and latest checkpoint here: "
+            "its hierarchy is trained again",
+            flush=True,
+        )
+        return None
+    return None
+
+
+def later_parts(seed: int, args: argparse.Namespace, record: dict, save, run_dir: Path, budget: int) -> dict:
+    """A seed's parts after its hierarchy: the single agent at its budget (unless --no-single) and the
+    probes of its sft-best and last checkpoint (unless --probe-limit 0), `save()` after each."""
+    overrides = [*args.overrides, f"seed={seed}"]
+    experiment = TASKS[args.task][0]
     if args.single:
-        single_agent(seed, args, record, overrides, budget=int(hierarchy["train/generated_tokens"]))
+        single_agent(seed, args, record, overrides, budget=budget)
         save()
     if args.probe_limit > 0:
         latest = (run_dir / "checkpoints" / "latest").read_text().strip()
@@ -470,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             {k: v for k, v in old.items() if k != "reflection_task"},
         )
     per_seed = kept_seeds(section_old, args)
+    args.kept = list(per_seed)
     result: dict = {}
 
     def save() -> None:

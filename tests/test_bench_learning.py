@@ -289,3 +289,57 @@ def test_grpo_timeline_reads_the_grpo_steps_of_a_run(tmp_path):
         "filtered_share": [],
         "step_seconds": [],
     }
+
+
+def test_reuse_hierarchy_adds_the_baseline_to_a_recorded_seed_without_training_it_again(
+    monkeypatch, tmp_path, capsys
+):
+    """--reuse-hierarchy: seed 1's record (its run folder has sft-best and latest) keeps its hierarchy and
+    gets the single agent at its recorded 30,000 tokens; seed 2's run folder is gone, so it trains again."""
+    import bench.learning as learning
+
+    ran = []
+
+    def fake_run(experiment, overrides, tag):
+        ran.append((experiment, [o for o in overrides if o.startswith("train.token_budget")]))
+        final = {
+            "eval/accuracy_before": 0.0,
+            "eval/accuracy_after_sft": 0.25,
+            "eval/accuracy_after": 0.5,
+            "train/grpo_steps": 4.0,
+            "train/generated_tokens": 100.0,
+        }
+        return final, 2.0, tmp_path / tag
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    kept = tmp_path / "seed1"
+    (kept / "checkpoints" / "sft-best").mkdir(parents=True)
+    (kept / "checkpoints" / "latest").write_text("step-000004\n")
+    old = {
+        "config_sha": "abc",
+        "run": str(kept),
+        "sft": 0.4375,
+        "grpo": 0.6667,
+        "generated_tokens": 30000.0,
+        "seconds": 939.0,
+        "machine": {"cpu_model": "then"},
+        "probes": {"before_grpo": PROBE},
+    }
+    args = parse_args(["--seeds", "1,2", "--reuse-hierarchy", "--probe-limit", "0"])
+    args.dtype, args.config_sha, args.machine = "bfloat16", "abc", {"cpu_model": "now"}
+    args.kept = [record(1, **old), record(2, **(old | {"run": str(tmp_path / "gone")}))]
+    first = learning.seed_run(1, args, {}, lambda: None)
+    assert ran == [("arith_single_agent", ["train.token_budget=30000"])]
+    assert (first["sft"], first["grpo"], first["seconds"], first["machine"]) == (
+        0.4375,
+        0.6667,
+        939.0,
+        old["machine"],
+    )
+    assert first["single_agent_grpo"] == 0.5 and first["added_later"]["machine"] == {"cpu_model": "now"}
+    assert "probes" not in first  # probed again or not at all: never an older probe beside a new baseline
+    second = learning.seed_run(2, args, {}, lambda: None)
+    assert [experiment for experiment, _ in ran[1:]] == ["arith_hierarchy", "arith_single_agent"]
+    assert second["grpo"] == 0.5 and "added_later" not in second
+    assert "has no sft-best and latest checkpoint here" in capsys.readouterr().out
+    assert parse_args([]).reuse_hierarchy is False
