@@ -8,6 +8,8 @@ the plan do before and after GRPO (the probes), for each of `--seeds`.
     python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
     python -m bench.learning --seeds 1,2,3 --no-single --probe-limit 0  # the hierarchy alone, per seed
     python -m bench.learning --seeds 0,1,2,3 --reuse-hierarchy  # add the baseline and probes to those seeds
+    python -m bench.learning --seeds 0,1,2,3 --no-single --probe-limit 0 --sft-from bench/results/learning.json \
+        --out bench/results/learning_minibatches.json train.minibatches=2  # a GRPO variant from the same SFT
 
 Per seed: the task's hierarchy experiment (`--task default`: arith_hierarchy; `reflection`:
 distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (timed: that is the
@@ -144,6 +146,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "and code). Seeds without such a record train it as usual",
     )
     p.add_argument(
+        "--sft-from",
+        type=Path,
+        help="a results file of this task whose seeds' run folders are still here: each seed's GRPO starts "
+        "from that seed's sft-best instead of training SFT again (the GRPO stage draws its tasks and samples "
+        "from the seed alone, so a variant of GRPO is paired with the same SFT); its `seconds` are then "
+        "None (the time target counts whole runs) and `grpo_seconds` the run's",
+    )
+    p.add_argument(
         "--out",
         type=Path,
         help=f"result file (default {RESULTS}; {CHECK_RESULTS} for reflection_check, "
@@ -264,6 +274,9 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         record |= {**earlier, "added_later": {"machine": args.machine, "dtype": args.dtype}}
         record.pop("probes", None)
         return later_parts(seed, args, record, save, run_dir, int(earlier["generated_tokens"]))
+    source = sft_source(seed, args)
+    if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's
+        overrides = [*overrides, f"adapters={sft_best_of(source)}", "sft.enabled=false"]
     hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
     record |= {
         "seed": seed,
@@ -282,6 +295,23 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         "machine": args.machine,
         "grpo_per_step": grpo_timeline(run_dir),
     }
+    if source is not None:
+        record |= {
+            "base": source["base"],
+            "sft_from": {
+                "file": str(args.sft_from),
+                "run": source["run"],
+                "config_sha": source["config_sha"],
+            },
+            "seconds": None,  # not the experiment's time: it had no SFT stage
+            "grpo_seconds": round(seconds, 1),
+        }
+        if record["sft"] != source["sft"]:
+            print(
+                f"note: seed {seed}'s sft-best scored {record['sft']} on the held-out problems here and "
+                f"{source['sft']} in {args.sft_from}: the two are not the same SFT",
+                flush=True,
+            )
     save()
     return later_parts(seed, args, record, save, run_dir, int(hierarchy["train/generated_tokens"]))
 
@@ -295,7 +325,7 @@ def reusable(seed: int, args: argparse.Namespace) -> dict | None:
         if record.get("seed") != seed or "run" not in record or "generated_tokens" not in record:
             continue
         checkpoints = Path(record["run"]) / "checkpoints"
-        if (checkpoints / "sft-best").is_dir() and (checkpoints / "latest").is_file():
+        if sft_best_of(record).is_dir() and (checkpoints / "latest").is_file():
             return record
         print(
             f"note: seed {seed}'s run {record['run']} has no sft-best and latest checkpoint here: "
@@ -304,6 +334,32 @@ def reusable(seed: int, args: argparse.Namespace) -> dict | None:
         )
         return None
     return None
+
+
+def sft_best_of(record: dict) -> Path:
+    """The sft-best adapters a seed's record started GRPO from: its own run's, or its --sft-from source's."""
+    run_dir = record["sft_from"]["run"] if "sft_from" in record else record["run"]
+    return Path(run_dir) / "checkpoints" / "sft-best"
+
+
+def sft_source(seed: int, args: argparse.Namespace) -> dict | None:
+    """With --sft-from, that file's record of `seed` (the task's section), whose sft-best GRPO starts from;
+    a seed it lacks, or whose sft-best is not here, stops the bench with one line saying so."""
+    if args.sft_from is None:
+        return None
+    try:
+        found = json.loads(args.sft_from.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--sft-from {args.sft_from}: not a readable results file ({e})") from None
+    section = found if args.task == "default" else found.get("reflection_task") or {}
+    records = [r for r in latest_per_seed(section.get("per_seed", [])) if r.get("seed") == seed]
+    if not records or not sft_best_of(records[0]).is_dir():
+        raise SystemExit(
+            f"--sft-from {args.sft_from}: no record of seed {seed} whose sft-best is here "
+            f"({sft_best_of(records[0]) if records else 'no such seed'}); run from the folder its runs are in, "
+            "or leave the seed out"
+        )
+    return records[0]
 
 
 def later_parts(seed: int, args: argparse.Namespace, record: dict, save, run_dir: Path, budget: int) -> dict:
@@ -315,12 +371,12 @@ def later_parts(seed: int, args: argparse.Namespace, record: dict, save, run_dir
         single_agent(seed, args, record, overrides, budget=budget)
         save()
     if args.probe_limit > 0:
-        latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+        latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
         record["probes"] = {}
-        for stage, adapters in (("before_grpo", "sft-best"), ("after_grpo", latest)):
+        for stage, adapters in (("before_grpo", sft_best_of(record)), ("after_grpo", latest)):
             record["probes"][stage] = probe_stage(
                 experiment,
-                run_dir / "checkpoints" / adapters,
+                adapters,
                 args.probe_limit,
                 overrides,
                 run_dir / "bench-learning-probe" / stage,
@@ -514,6 +570,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
             old.get("reflection_task") or {},
             {k: v for k, v in old.items() if k != "reflection_task"},
         )
+    for seed in args.seeds:  # a seed --sft-from lacks stops the bench here, before any run
+        sft_source(seed, args)
     per_seed = kept_seeds(section_old, args)
     args.kept = list(per_seed)
     result: dict = {}

@@ -343,3 +343,40 @@ def test_reuse_hierarchy_adds_the_baseline_to_a_recorded_seed_without_training_i
     assert second["grpo"] == 0.5 and "added_later" not in second
     assert "has no sft-best and latest checkpoint here" in capsys.readouterr().out
     assert parse_args([]).reuse_hierarchy is False
+
+
+def test_sft_from_starts_each_seeds_grpo_from_the_recorded_seeds_sft(monkeypatch, tmp_path):
+    """--sft-from: seed 1's hierarchy is GRPO alone from the source's sft-best (sft.enabled=false); its
+    `sft` is that run's accuracy before GRPO, its `base` the source's, and its seconds do not count for
+    the time target. A seed the source lacks stops the bench with one line."""
+    import bench.learning as learning
+
+    ran = []
+
+    def fake_run(experiment, overrides, tag):
+        ran.append(overrides)
+        final = {
+            "eval/accuracy_before": 0.4375,
+            "eval/accuracy_after": 0.5,
+            "train/grpo_steps": 4.0,
+            "train/generated_tokens": 100.0,
+        }
+        return final, 600.0, tmp_path / tag
+
+    monkeypatch.setattr(learning, "run", fake_run)
+    source_run = tmp_path / "source-seed1"
+    (source_run / "checkpoints" / "sft-best").mkdir(parents=True)
+    source = tmp_path / "learning.json"
+    source.write_text(
+        json.dumps({"per_seed": [record(1, 0.4375, 0.6667, run=str(source_run), config_sha="f60")]})
+    )
+    args = parse_args(["--seeds", "1", "--no-single", "--probe-limit", "0", "--sft-from", str(source)])
+    args.dtype, args.config_sha, args.machine, args.kept = "bfloat16", "abc", {}, []
+    got = learning.seed_run(1, args, {}, lambda: None)
+    assert ran[0][-2:] == [f"adapters={source_run / 'checkpoints' / 'sft-best'}", "sft.enabled=false"]
+    assert (got["base"], got["sft"], got["grpo"]) == (0.0, 0.4375, 0.5)
+    assert got["seconds"] is None and got["grpo_seconds"] == 600.0
+    assert got["sft_from"] == {"file": str(source), "run": str(source_run), "config_sha": "f60"}
+    assert summarize([got])["hierarchy_seconds_bfloat16"] is None  # not a whole run's time
+    with pytest.raises(SystemExit, match="no record of seed 2 whose sft-best is here"):
+        learning.seed_run(2, args, {}, lambda: None)
