@@ -8,7 +8,7 @@ the plan do before and after GRPO (the probes), for each of `--seeds`.
     python -m bench.learning --seeds 0 --probe-limit 0 train.steps=6   # no probes; any config override
     python -m bench.learning --seeds 1,2,3 --no-single --probe-limit 0  # the hierarchy alone, per seed
     python -m bench.learning --seeds 0,1,2,3 --reuse-hierarchy  # add the baseline and probes to those seeds
-    python -m bench.learning --seeds 0,1,2,3 --no-single --probe-limit 0 --sft-from bench/results/learning.json \
+    python -m bench.learning --seeds 0,1,2,3 --no-single --probe-limit 0 --sft-from bench/results/learning.json \\
         --out bench/results/learning_minibatches.json train.minibatches=2  # a GRPO variant from the same SFT
 
 Per seed: the task's hierarchy experiment (`--task default`: arith_hierarchy; `reflection`:
@@ -25,7 +25,10 @@ dropped, with a line saying so).
 Writes bench/results/learning.json; the default task at its top level, the reflection task in its
 `reflection_task` section (a run of one keeps the other):
 - `per_seed`: each seed's accuracies, seconds, dtype, generated tokens, probe summaries and
-  `grpo_per_step` (rollout accuracy, the share of turns filtered for want of signal, seconds);
+  `grpo_per_step` (rollout accuracy, the share of turns filtered for want of signal, seconds); with
+  --sft-from its `sft_from` (the file, the run whose sft-best GRPO started from, that seed's config_sha),
+  `seconds` None and `grpo_seconds`; with --reuse-hierarchy `added_later` (per part measured later, the
+  machine and dtype it ran on);
 - `seeds`, and the means over them of `base`, `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
 - `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
   paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
@@ -140,18 +143,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--reuse-hierarchy",
         action="store_true",
-        help="a seed whose record in the file has these settings and whose run folder is still here keeps "
-        "its hierarchy (results, seconds, machine) instead of training it again; the baseline and probes "
-        "run on its run's checkpoints (a seed's hierarchy trains the same every time: same seed, settings "
-        "and code). Seeds without such a record train it as usual",
+        help="a seed whose record in the file has these settings, this machine's dtype and CPU kernels, and "
+        "whose run folder is still here keeps its hierarchy (results, seconds, machine) instead of training "
+        "it again; the baseline (unless --no-single) and probes (unless --probe-limit 0) run on its "
+        "checkpoints (a seed's hierarchy trains the same every time with the same seed, settings, code, "
+        "dtype and kernels). Seeds without such a record train it as usual",
     )
     p.add_argument(
         "--sft-from",
         type=Path,
         help="a results file of this task whose seeds' run folders are still here: each seed's GRPO starts "
         "from that seed's sft-best instead of training SFT again (the GRPO stage draws its tasks and samples "
-        "from the seed alone, so a variant of GRPO is paired with the same SFT); its `seconds` are then "
-        "None (the time target counts whole runs) and `grpo_seconds` the run's",
+        "from the seed alone, so a variant of GRPO is paired with the same SFT); each seed's record then has "
+        "`seconds` None (the time target counts whole runs) and `grpo_seconds`, and its fingerprint names "
+        "the source's, so such seeds are summarised apart from whole runs. Not the --out file",
     )
     p.add_argument(
         "--out",
@@ -161,10 +166,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=6")
     args = p.parse_args(argv)
+    if args.reuse_hierarchy and not args.single and args.probe_limit == 0:
+        p.error("--reuse-hierarchy with --no-single and --probe-limit 0 has nothing to add to the seeds")
     # reflection_check and reflection_numbers have files of their own: their seeds would replace the
     # reflection task's in RESULTS
     own = {"reflection_check": CHECK_RESULTS, "reflection_numbers": NUMBERS_RESULTS}
     args.out = args.out or own.get(args.task, RESULTS)
+    args.kept, args.sft_sources = [], {}  # main fills them: the file's seeds, --sft-from's records
     return args
 
 
@@ -270,11 +278,16 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     if earlier is not None:
         run_dir = Path(earlier["run"])
         print(f"seed {seed}: the hierarchy of {run_dir} is reused (--reuse-hierarchy)", flush=True)
-        # the parts measured now ran on this call's machine; the record's `machine` is its hierarchy's
-        record |= {**earlier, "added_later": {"machine": args.machine, "dtype": args.dtype}}
-        record.pop("probes", None)
+        # the record's `machine` is its hierarchy's; each part measured now names this call's
+        now = {"machine": args.machine, "dtype": args.dtype}
+        added = dict(earlier.get("added_later", {}))
+        added |= {"single_agent": now} if args.single else {}
+        added |= {"probes": now} if args.probe_limit > 0 else {}
+        record |= {**earlier, "added_later": added}
+        if args.probe_limit > 0:
+            record.pop("probes", None)  # probed again: never an older probe beside a newer one
         return later_parts(seed, args, record, save, run_dir, int(earlier["generated_tokens"]))
-    source = sft_source(seed, args)
+    source = args.sft_sources.get(seed)
     if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's
         overrides = [*overrides, f"adapters={sft_best_of(source)}", "sft.enabled=false"]
     hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
@@ -300,7 +313,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
             "base": source["base"],
             "sft_from": {
                 "file": str(args.sft_from),
-                "run": source["run"],
+                "run": str(sft_best_of(source).parents[1]),  # the run that trained it (a chain's first)
                 "config_sha": source["config_sha"],
             },
             "seconds": None,  # not the experiment's time: it had no SFT stage
@@ -325,13 +338,14 @@ def reusable(seed: int, args: argparse.Namespace) -> dict | None:
         if record.get("seed") != seed or "run" not in record or "generated_tokens" not in record:
             continue
         checkpoints = Path(record["run"]) / "checkpoints"
-        if sft_best_of(record).is_dir() and (checkpoints / "latest").is_file():
+        kernels = (record.get("machine") or {}).get("torch_cpu_kernels")
+        if (record.get("dtype"), kernels) != (args.dtype, args.machine.get("torch_cpu_kernels")):
+            why = f"it computed in {record.get('dtype')} with {kernels} kernels, this machine does not"
+        elif not (sft_best_of(record).is_dir() and (checkpoints / "latest").is_file()):
+            why = f"its run {record['run']} has no sft-best or no latest checkpoint here"
+        else:
             return record
-        print(
-            f"note: seed {seed}'s run {record['run']} has no sft-best and latest checkpoint here: "
-            "its hierarchy is trained again",
-            flush=True,
-        )
+        print(f"note: seed {seed}'s hierarchy is trained again: {why}", flush=True)
         return None
     return None
 
@@ -342,24 +356,43 @@ def sft_best_of(record: dict) -> Path:
     return Path(run_dir) / "checkpoints" / "sft-best"
 
 
-def sft_source(seed: int, args: argparse.Namespace) -> dict | None:
-    """With --sft-from, that file's record of `seed` (the task's section), whose sft-best GRPO starts from;
-    a seed it lacks, or whose sft-best is not here, stops the bench with one line saying so."""
+def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
+    """With --sft-from, that file's record of each of --seeds (the task's section), whose sft-best GRPO
+    starts from, and the records' config_sha; without it ({}, None). A file that is not this task's, a
+    seed it lacks or whose sft-best is not here, or seeds of several settings stop the bench with one
+    line, before any run."""
     if args.sft_from is None:
-        return None
+        return {}, None
+    if args.sft_from.resolve() == args.out.resolve():
+        raise SystemExit(
+            f"--sft-from {args.sft_from} is also the file this run writes: give another --out "
+            "(its seeds would be replaced by GRPO-only records)"
+        )
     try:
         found = json.loads(args.sft_from.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"--sft-from {args.sft_from}: not a readable results file ({e})") from None
     section = found if args.task == "default" else found.get("reflection_task") or {}
-    records = [r for r in latest_per_seed(section.get("per_seed", [])) if r.get("seed") == seed]
-    if not records or not sft_best_of(records[0]).is_dir():
+    experiment = TASKS[args.task][0]
+    held = (section.get("settings") or {}).get("experiments", [experiment])[0]
+    if held != experiment:
         raise SystemExit(
-            f"--sft-from {args.sft_from}: no record of seed {seed} whose sft-best is here "
-            f"({sft_best_of(records[0]) if records else 'no such seed'}); run from the folder its runs are in, "
-            "or leave the seed out"
+            f"--sft-from {args.sft_from}: its seeds trained {held}, not --task {args.task}'s {experiment}"
         )
-    return records[0]
+    by_seed = {r["seed"]: r for r in latest_per_seed(section.get("per_seed", []))}
+    for seed in args.seeds:
+        if seed not in by_seed or not sft_best_of(by_seed[seed]).is_dir():
+            where = sft_best_of(by_seed[seed]) if seed in by_seed else "the file has no such seed"
+            raise SystemExit(
+                f"--sft-from {args.sft_from}: no record of seed {seed} whose sft-best is here ({where}); run "
+                "from the folder its runs are in, or leave the seed out"
+            )
+    shas = sorted({str(by_seed[seed].get("config_sha")) for seed in args.seeds})
+    if len(shas) > 1:
+        raise SystemExit(
+            f"--sft-from {args.sft_from}: seeds {args.seeds} ran with several settings ({shas}); take seeds of one"
+        )
+    return {seed: by_seed[seed] for seed in args.seeds}, shas[0]
 
 
 def later_parts(seed: int, args: argparse.Namespace, record: dict, save, run_dir: Path, budget: int) -> dict:
@@ -570,8 +603,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
             old.get("reflection_task") or {},
             {k: v for k, v in old.items() if k != "reflection_task"},
         )
-    for seed in args.seeds:  # a seed --sft-from lacks stops the bench here, before any run
-        sft_source(seed, args)
+    args.sft_sources, source_sha = sft_sources(args)  # a seed it lacks stops the bench here, before any run
+    if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
+        args.config_sha = f"{args.config_sha}/sft:{source_sha}"
     per_seed = kept_seeds(section_old, args)
     args.kept = list(per_seed)
     result: dict = {}

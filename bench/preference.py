@@ -89,8 +89,9 @@ def summarise(rows: list[dict]) -> dict:
     diff = seed_interval([r["dpo"] - r["grpo"] for r in rows])
     over_sft = seed_interval([r["dpo"] - r["sft"] for r in rows])
 
-    def mean(key: str) -> float:
-        return sum(r[key] for r in rows) / len(rows)
+    def mean(key: str) -> float | None:  # seconds are None for a seed whose run had no SFT (--sft-from)
+        known = [r[key] for r in rows if r[key] is not None]
+        return sum(known) / len(known) if known else None
 
     return {
         "mean": diff.mean,

@@ -291,92 +291,159 @@ def test_grpo_timeline_reads_the_grpo_steps_of_a_run(tmp_path):
     }
 
 
-def test_reuse_hierarchy_adds_the_baseline_to_a_recorded_seed_without_training_it_again(
-    monkeypatch, tmp_path, capsys
-):
-    """--reuse-hierarchy: seed 1's record (its run folder has sft-best and latest) keeps its hierarchy and
-    gets the single agent at its recorded 30,000 tokens; seed 2's run folder is gone, so it trains again."""
+def fake_runs(monkeypatch, tmp_path, before=0.0):
+    """bench.learning's run and probe_stage replaced by records of what they were asked (the product's
+    own training and probes are the slow benchmark this bookkeeping serves)."""
     import bench.learning as learning
 
-    ran = []
+    ran, probed = [], []
 
     def fake_run(experiment, overrides, tag):
-        ran.append((experiment, [o for o in overrides if o.startswith("train.token_budget")]))
+        ran.append((experiment, list(overrides)))
         final = {
-            "eval/accuracy_before": 0.0,
-            "eval/accuracy_after_sft": 0.25,
+            "eval/accuracy_before": before,
             "eval/accuracy_after": 0.5,
             "train/grpo_steps": 4.0,
             "train/generated_tokens": 100.0,
         }
-        return final, 2.0, tmp_path / tag
+        if not any(o == "sft.enabled=false" for o in overrides):
+            final["eval/accuracy_after_sft"] = 0.25
+        (tmp_path / tag / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (tmp_path / tag / "checkpoints" / "latest").write_text("step-000004\n")
+        return final, 600.0, tmp_path / tag
+
+    def fake_probe(experiment, adapters, limit, overrides, out):
+        probed.append(Path(adapters))
+        return PROBE
 
     monkeypatch.setattr(learning, "run", fake_run)
-    kept = tmp_path / "seed1"
-    (kept / "checkpoints" / "sft-best").mkdir(parents=True)
-    (kept / "checkpoints" / "latest").write_text("step-000004\n")
+    monkeypatch.setattr(learning, "probe_stage", fake_probe)
+    return ran, probed
+
+
+def finished_run(folder: Path, sft_best: bool = True) -> Path:
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "latest").write_text("step-000004\n")
+    if sft_best:
+        (folder / "checkpoints" / "sft-best").mkdir()
+    return folder
+
+
+def test_reuse_hierarchy_adds_the_baseline_to_a_recorded_seed_without_training_it_again(
+    monkeypatch, tmp_path, capsys
+):
+    """--reuse-hierarchy: seed 1's record (its run folder has sft-best and latest, the same dtype and
+    kernels) keeps its hierarchy and gets the single agent at its recorded 30,000 tokens, its old probes
+    kept (--probe-limit 0); seed 2's run folder is gone and seed 3 ran in float32: both train again."""
+    import bench.learning as learning
+
+    ran, _ = fake_runs(monkeypatch, tmp_path)
+    then = {"cpu_model": "then", "torch_cpu_kernels": "AVX512"}
     old = {
         "config_sha": "abc",
-        "run": str(kept),
+        "run": str(finished_run(tmp_path / "seed1")),
         "sft": 0.4375,
         "grpo": 0.6667,
         "generated_tokens": 30000.0,
         "seconds": 939.0,
-        "machine": {"cpu_model": "then"},
+        "dtype": "bfloat16",
+        "machine": then,
         "probes": {"before_grpo": PROBE},
     }
-    args = parse_args(["--seeds", "1,2", "--reuse-hierarchy", "--probe-limit", "0"])
-    args.dtype, args.config_sha, args.machine = "bfloat16", "abc", {"cpu_model": "now"}
-    args.kept = [record(1, **old), record(2, **(old | {"run": str(tmp_path / "gone")}))]
+    args = parse_args(["--seeds", "1,2,3", "--reuse-hierarchy", "--probe-limit", "0"])
+    now = {"cpu_model": "now", "torch_cpu_kernels": "AVX512"}
+    args.dtype, args.config_sha, args.machine = "bfloat16", "abc", now
+    args.kept = [
+        record(1, **old),
+        record(2, **(old | {"run": str(tmp_path / "gone")})),
+        record(3, **(old | {"dtype": "float32"})),
+    ]
     first = learning.seed_run(1, args, {}, lambda: None)
-    assert ran == [("arith_single_agent", ["train.token_budget=30000"])]
-    assert (first["sft"], first["grpo"], first["seconds"], first["machine"]) == (
-        0.4375,
-        0.6667,
-        939.0,
-        old["machine"],
-    )
-    assert first["single_agent_grpo"] == 0.5 and first["added_later"]["machine"] == {"cpu_model": "now"}
-    assert "probes" not in first  # probed again or not at all: never an older probe beside a new baseline
+    assert [(e, [o for o in ov if "token_budget" in o]) for e, ov in ran] == [
+        ("arith_single_agent", ["train.token_budget=30000"])
+    ]
+    assert (first["sft"], first["grpo"], first["seconds"], first["machine"]) == (0.4375, 0.6667, 939.0, then)
+    assert first["single_agent_grpo"] == 0.5
+    assert first["added_later"] == {"single_agent": {"machine": now, "dtype": "bfloat16"}}
+    assert first["probes"] == {"before_grpo": PROBE}  # not probed again: the old probes stay
     second = learning.seed_run(2, args, {}, lambda: None)
-    assert [experiment for experiment, _ in ran[1:]] == ["arith_hierarchy", "arith_single_agent"]
-    assert second["grpo"] == 0.5 and "added_later" not in second
-    assert "has no sft-best and latest checkpoint here" in capsys.readouterr().out
+    third = learning.seed_run(3, args, {}, lambda: None)
+    assert [e for e, _ in ran[1:]] == ["arith_hierarchy", "arith_single_agent"] * 2
+    assert second["grpo"] == 0.5 and "added_later" not in second and "added_later" not in third
+    out = capsys.readouterr().out
+    assert "has no sft-best or no latest checkpoint here" in out
+    assert "it computed in float32 with AVX512 kernels, this machine does not" in out
     assert parse_args([]).reuse_hierarchy is False
+
+
+def test_reuse_hierarchy_with_nothing_to_add_is_one_clear_line(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--reuse-hierarchy", "--no-single", "--probe-limit", "0"])
+    assert "has nothing to add" in capsys.readouterr().err
 
 
 def test_sft_from_starts_each_seeds_grpo_from_the_recorded_seeds_sft(monkeypatch, tmp_path):
     """--sft-from: seed 1's hierarchy is GRPO alone from the source's sft-best (sft.enabled=false); its
-    `sft` is that run's accuracy before GRPO, its `base` the source's, and its seconds do not count for
-    the time target. A seed the source lacks stops the bench with one line."""
+    `sft` is that run's accuracy before GRPO, its `base` the source's, its seconds do not count for the
+    time target, and the probe before GRPO reads the source's sft-best. A record made so serves as a
+    source in turn: it points at the run that trained the SFT."""
     import bench.learning as learning
 
-    ran = []
-
-    def fake_run(experiment, overrides, tag):
-        ran.append(overrides)
-        final = {
-            "eval/accuracy_before": 0.4375,
-            "eval/accuracy_after": 0.5,
-            "train/grpo_steps": 4.0,
-            "train/generated_tokens": 100.0,
-        }
-        return final, 600.0, tmp_path / tag
-
-    monkeypatch.setattr(learning, "run", fake_run)
-    source_run = tmp_path / "source-seed1"
-    (source_run / "checkpoints" / "sft-best").mkdir(parents=True)
+    ran, probed = fake_runs(monkeypatch, tmp_path, before=0.4375)
+    source_run = finished_run(tmp_path / "source-seed1")
     source = tmp_path / "learning.json"
     source.write_text(
         json.dumps({"per_seed": [record(1, 0.4375, 0.6667, run=str(source_run), config_sha="f60")]})
     )
-    args = parse_args(["--seeds", "1", "--no-single", "--probe-limit", "0", "--sft-from", str(source)])
+    args = parse_args(["--seeds", "1", "--no-single", "--probe-limit", "2", "--sft-from", str(source)])
+    args.out = tmp_path / "variant.json"
     args.dtype, args.config_sha, args.machine, args.kept = "bfloat16", "abc", {}, []
+    args.sft_sources, sha = learning.sft_sources(args)
+    assert sha == "f60"
     got = learning.seed_run(1, args, {}, lambda: None)
-    assert ran[0][-2:] == [f"adapters={source_run / 'checkpoints' / 'sft-best'}", "sft.enabled=false"]
+    sft_best = source_run / "checkpoints" / "sft-best"
+    assert ran[0][1][-2:] == [f"adapters={sft_best}", "sft.enabled=false"]
     assert (got["base"], got["sft"], got["grpo"]) == (0.0, 0.4375, 0.5)
     assert got["seconds"] is None and got["grpo_seconds"] == 600.0
     assert got["sft_from"] == {"file": str(source), "run": str(source_run), "config_sha": "f60"}
+    assert probed == [sft_best, Path(got["run"]) / "checkpoints" / "step-000004"]
     assert summarize([got])["hierarchy_seconds_bfloat16"] is None  # not a whole run's time
-    with pytest.raises(SystemExit, match="no record of seed 2 whose sft-best is here"):
-        learning.seed_run(2, args, {}, lambda: None)
+    # the variant's file as a source: GRPO starts from the first run's sft-best again
+    (tmp_path / "variant.json").write_text(json.dumps({"per_seed": [got]}))
+    chained = parse_args(["--seeds", "1", "--sft-from", str(tmp_path / "variant.json")])
+    assert learning.sft_sources(chained)[0][1]["sft_from"]["run"] == str(source_run)
+    assert learning.sft_best_of(learning.sft_sources(chained)[0][1]) == sft_best
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seeds", "1,2"], "no record of seed 2 whose sft-best is here (the file has no such seed)"),
+        (["--seeds", "1", "--out", "SOURCE"], "is also the file this run writes"),
+        (["--seeds", "1", "--task", "reflection"], "no record of seed 1"),
+    ],
+)
+def test_sft_from_stops_before_any_run_with_one_line(tmp_path, argv, message):
+    import bench.learning as learning
+
+    source = tmp_path / "learning.json"
+    run = finished_run(tmp_path / "seed1")
+    source.write_text(
+        json.dumps(
+            {
+                "per_seed": [record(1, 0.5, 0.5, run=str(run))],
+                "settings": {"experiments": ["arith_hierarchy"]},
+            }
+        )
+    )
+    argv = [str(source) if a == "SOURCE" else a for a in argv]
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)")):
+        learning.sft_sources(parse_args([*argv, "--sft-from", str(source)]))
+    other = tmp_path / "check.json"
+    other.write_text(
+        json.dumps({"reflection_task": {"settings": {"experiments": ["distract_check_hierarchy"]}}})
+    )
+    with pytest.raises(
+        SystemExit, match="its seeds trained distract_check_hierarchy, not --task reflection's"
+    ):
+        learning.sft_sources(parse_args(["--task", "reflection", "--sft-from", str(other)]))
