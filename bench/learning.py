@@ -153,8 +153,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--sft-from",
         type=Path,
         help="a results file of this task whose seeds' run folders are still here: each seed's GRPO starts "
-        "from that seed's sft-best instead of training SFT again (the GRPO stage draws its tasks and samples "
-        "from the seed alone, so a variant of GRPO is paired with the same SFT); each seed's record then has "
+        "from that seed's sft-best instead of training SFT again, so a variant of GRPO is paired with the "
+        "same SFT and draws the same tasks (its samples are a fresh draw, not the whole run's); each seed's "
+        "record then has "
         "`seconds` None (the time target counts whole runs) and `grpo_seconds`, and its fingerprint names "
         "the source's, so such seeds are summarised apart from whole runs. Not the --out file",
     )
