@@ -66,6 +66,7 @@ from meta_agent.config import as_dictconfig, load_config
 from meta_agent.report import read_jsonl
 from meta_agent.stats import seed_interval
 from meta_agent.train import train
+from training.checkpoint import latest_checkpoint
 from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
@@ -277,8 +278,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
     experiment = TASKS[args.task][0]
     earlier = reusable(seed, args)
     if earlier is not None:
-        run_dir = Path(earlier["run"])
-        print(f"seed {seed}: the hierarchy of {run_dir} is reused (--reuse-hierarchy)", flush=True)
+        print(f"seed {seed}: the hierarchy of {earlier['run']} is reused (--reuse-hierarchy)", flush=True)
         # the record's `machine` is its hierarchy's; each part measured now names this call's
         now = {"machine": args.machine, "dtype": args.dtype}
         added = dict(earlier.get("added_later", {}))
@@ -287,7 +287,7 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         record |= {**earlier, "added_later": added}
         if args.probe_limit > 0:
             record.pop("probes", None)  # probed again: never an older probe beside a newer one
-        return later_parts(seed, args, record, save, run_dir, int(earlier["generated_tokens"]))
+        return later_parts(seed, args, record, save)
     source = args.sft_sources.get(seed)
     if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's
         overrides = [*overrides, f"adapters={sft_best_of(source)}", "sft.enabled=false"]
@@ -327,27 +327,23 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
                 flush=True,
             )
     save()
-    return later_parts(seed, args, record, save, run_dir, int(hierarchy["train/generated_tokens"]))
+    return later_parts(seed, args, record, save)
 
 
 def reusable(seed: int, args: argparse.Namespace) -> dict | None:
     """With --reuse-hierarchy, the file's record of `seed` at these settings whose run folder still holds
     its sft-best and last checkpoints (what the baseline's budget and the probes need); else None."""
-    if not args.reuse_hierarchy:
+    record = {r["seed"]: r for r in latest_per_seed(args.kept)}.get(seed) if args.reuse_hierarchy else None
+    if record is None or "run" not in record or "generated_tokens" not in record:
         return None
-    for record in reversed(args.kept):
-        if record.get("seed") != seed or "run" not in record or "generated_tokens" not in record:
-            continue
-        checkpoints = Path(record["run"]) / "checkpoints"
-        kernels = (record.get("machine") or {}).get("torch_cpu_kernels")
-        if (record.get("dtype"), kernels) != (args.dtype, args.machine.get("torch_cpu_kernels")):
-            why = f"it computed in {record.get('dtype')} with {kernels} kernels, this machine does not"
-        elif not (sft_best_of(record).is_dir() and (checkpoints / "latest").is_file()):
-            why = f"its run {record['run']} has no sft-best or no latest checkpoint here"
-        else:
-            return record
-        print(f"note: seed {seed}'s hierarchy is trained again: {why}", flush=True)
-        return None
+    kernels = (record.get("machine") or {}).get("torch_cpu_kernels")
+    if (record.get("dtype"), kernels) != (args.dtype, args.machine.get("torch_cpu_kernels")):
+        why = f"it computed in {record.get('dtype')} with {kernels} kernels, this machine does not"
+    elif not sft_best_of(record).is_dir() or latest_checkpoint(Path(record["run"]) / "checkpoints") is None:
+        why = f"its run {record['run']} has no sft-best or no complete checkpoint here"
+    else:
+        return record
+    print(f"note: seed {seed}'s hierarchy is trained again: {why}", flush=True)
     return None
 
 
@@ -396,16 +392,18 @@ def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
     return {seed: by_seed[seed] for seed in args.seeds}, shas[0]
 
 
-def later_parts(seed: int, args: argparse.Namespace, record: dict, save, run_dir: Path, budget: int) -> dict:
-    """A seed's parts after its hierarchy: the single agent at its budget (unless --no-single) and the
-    probes of its sft-best and last checkpoint (unless --probe-limit 0), `save()` after each."""
-    overrides = [*args.overrides, f"seed={seed}"]
+def later_parts(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
+    """A seed's parts after its hierarchy (`record`: its run and generated tokens): the single agent at its
+    budget (unless --no-single) and the probes of its sft-best and last checkpoint (unless --probe-limit 0),
+    `save()` after each."""
+    overrides = [*args.overrides, f"seed={seed}"]  # the hierarchy's, without an --sft-from start
     experiment = TASKS[args.task][0]
+    run_dir = Path(record["run"])
     if args.single:
-        single_agent(seed, args, record, overrides, budget=budget)
+        single_agent(seed, args, record, overrides, budget=int(record["generated_tokens"]))
         save()
     if args.probe_limit > 0:
-        latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+        latest = latest_checkpoint(run_dir / "checkpoints")
         record["probes"] = {}
         for stage, adapters in (("before_grpo", sft_best_of(record)), ("after_grpo", latest)):
             record["probes"][stage] = probe_stage(

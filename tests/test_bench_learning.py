@@ -308,8 +308,7 @@ def fake_runs(monkeypatch, tmp_path, before=0.0):
         }
         if not any(o == "sft.enabled=false" for o in overrides):
             final["eval/accuracy_after_sft"] = 0.25
-        (tmp_path / tag / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (tmp_path / tag / "checkpoints" / "latest").write_text("step-000004\n")
+        complete_checkpoint(tmp_path / tag)
         return final, 600.0, tmp_path / tag
 
     def fake_probe(experiment, adapters, limit, overrides, out):
@@ -321,9 +320,17 @@ def fake_runs(monkeypatch, tmp_path, before=0.0):
     return ran, probed
 
 
+def complete_checkpoint(run: Path) -> None:
+    """`run/checkpoints/step-000004` with the parts training.checkpoint.is_complete looks for, named latest."""
+    step = run / "checkpoints" / "step-000004"
+    (step / "adapters").mkdir(parents=True, exist_ok=True)
+    (step / "trainer.pt").write_bytes(b"")
+    (step / "state.json").write_text("{}")
+    (run / "checkpoints" / "latest").write_text("step-000004\n")
+
+
 def finished_run(folder: Path, sft_best: bool = True) -> Path:
-    (folder / "checkpoints").mkdir(parents=True)
-    (folder / "checkpoints" / "latest").write_text("step-000004\n")
+    complete_checkpoint(folder)
     if sft_best:
         (folder / "checkpoints" / "sft-best").mkdir()
     return folder
@@ -371,7 +378,7 @@ def test_reuse_hierarchy_adds_the_baseline_to_a_recorded_seed_without_training_i
     assert [e for e, _ in ran[1:]] == ["arith_hierarchy", "arith_single_agent"] * 2
     assert second["grpo"] == 0.5 and "added_later" not in second and "added_later" not in third
     out = capsys.readouterr().out
-    assert "has no sft-best or no latest checkpoint here" in out
+    assert "has no sft-best or no complete checkpoint here" in out
     assert "it computed in float32 with AVX512 kernels, this machine does not" in out
     assert parse_args([]).reuse_hierarchy is False
 
