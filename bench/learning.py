@@ -36,7 +36,9 @@ Writes bench/results/learning.json; the default task at its top level, the refle
 - `probes`: per stage the mean self-correction, revise recall and precision, and each arm's mean
   difference from the unmodified hierarchy with its interval over seeds;
 - `hierarchy_seconds_float32` and/or `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
-  which the CPU decides): the mean wall time of the experiment per seed;
+  which the CPU decides): the mean wall time of the experiment per seed; `hierarchy_seconds_by_cpu` the
+  same per dtype, CPU model and torch kernels (`cpu_kind`: a real AVX2-only CPU apart from a newer one
+  held to AVX2 kernels);
 - `targets`, `meets` (None where the seeds cannot say), `settings`, `machine` and `wall_seconds` (the last
   call's; each seed's record keeps its own `machine`, with its `torch_cpu_kernels`, and `dtype`);
 - the reflection task adds `hierarchy_minus_single`, `self_correction_before`, `self_correction_after`,
@@ -60,7 +62,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from bench.common import RESULTS_DIR, machine_info, write_result
+from bench.common import KERNEL_LEVEL_ENV, RESULTS_DIR, machine_info, write_result
 from meta_agent.cli import start_run
 from meta_agent.config import as_dictconfig, load_config
 from meta_agent.report import read_jsonl
@@ -481,6 +483,12 @@ def summarize(per_seed: Sequence[dict]) -> dict:
     # Seeds may come from CPUs of both kinds; a kind none ran on is None, so the file says it is missing.
     for dtype in sorted({"bfloat16", "float32"} | {r["dtype"] for r in trained}):
         out[f"hierarchy_seconds_{dtype}"] = mean_of([r["seconds"] for r in trained if r["dtype"] == dtype])
+    # ...and from CPUs of one dtype but other speeds: an AVX2-only CPU is not an AVX512 one held to AVX2 kernels.
+    timed = [r for r in trained if r.get("seconds") is not None]
+    out["hierarchy_seconds_by_cpu"] = {
+        kind: mean_of([r["seconds"] for r in timed if cpu_kind(r) == kind])
+        for kind in sorted(map(cpu_kind, timed))
+    }
     probes: dict = {}
     for stage in ("before_grpo", "after_grpo"):
         found = [r["probes"][stage] for r in trained if stage in r.get("probes", {})]
@@ -498,11 +506,23 @@ def summarize(per_seed: Sequence[dict]) -> dict:
     return out
 
 
+def cpu_kind(record: dict) -> str:
+    """What computed a seed, as its record says: the dtype, the CPU's model and torch's kernels, and whether
+    the environment held those kernels below what the CPU has (KERNEL_LEVEL_ENV), e.g. "float32 on AMD
+    EPYC, AVX2 kernels (forced)". Without forcing, AVX2 kernels mean the CPU has no AVX512."""
+    machine = record.get("machine") or {}
+    forced = any(f"{name.lower()}_env" in machine for name in KERNEL_LEVEL_ENV)
+    model = machine.get("cpu_model") or "an unknown CPU"
+    kernels = machine.get("torch_cpu_kernels") or "unknown"
+    return f"{record.get('dtype')} on {model}, {kernels} kernels" + (" (forced)" if forced else "")
+
+
 def meets(summary: dict) -> dict[str, bool | None]:
     """Which targets the summary meets (see TARGETS); None where it cannot say (no interval, no run).
     The time target holds on every kind of CPU the seeds ran on."""
     gain, low = summary["grpo_minus_sft_mean"], summary["grpo_minus_sft_ci_low"]
-    times = [v for k, v in summary.items() if k.startswith("hierarchy_seconds_") and v is not None]
+    times = [v for k, v in summary.items() if k.startswith("hierarchy_seconds_") and isinstance(v, float)]
+    times += [v for v in summary.get("hierarchy_seconds_by_cpu", {}).values() if v is not None]
     seconds = max(times, default=None)
     return {
         "grpo_minus_base": None

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.learning import kept_seeds, latest_per_seed, meets, parse_args, reflection_task, summarize
+from bench.learning import (
+    cpu_kind,
+    kept_seeds,
+    latest_per_seed,
+    meets,
+    parse_args,
+    reflection_task,
+    summarize,
+)
 
 PROBE = {"accuracy": 0.5, "reflection": {"self_correction": 0.1, "revise_recall": None}, "arms": {}}
 
@@ -68,6 +76,30 @@ def test_time_is_kept_per_kind_of_cpu_and_the_target_holds_on_every_kind():
     got = summarize([record(0, 0.5, 0.6), record(1, 0.5, 0.6, seconds=1500.0, dtype="bfloat16")])
     assert (got["hierarchy_seconds_float32"], got["hierarchy_seconds_bfloat16"]) == (600.0, 1500.0)
     assert meets(got)["hierarchy_seconds"] is False
+
+
+EPYC = {"cpu_model": "AMD EPYC", "torch_cpu_kernels": "AVX2"}
+
+
+def test_an_avx2_only_cpu_is_timed_apart_from_a_newer_one_held_to_avx2_kernels():
+    """Float32 seeds: 600 s with forced AVX2 kernels; 1300 and 1500 s on an AVX2-only CPU (mean 1400)."""
+    forced = record(0, 0.5, 0.6, seconds=600.0, machine={**EPYC, "aten_cpu_capability_env": "avx2"})
+    real = [record(s, 0.5, 0.6, seconds=t, machine=EPYC) for s, t in ((1, 1300.0), (2, 1500.0))]
+    bf16 = record(
+        3, 0.5, 0.6, seconds=900.0, dtype="bfloat16", machine={**EPYC, "torch_cpu_kernels": "AVX512"}
+    )
+    got = summarize([forced, *real, bf16])
+    assert got["hierarchy_seconds_float32"] == pytest.approx(3400 / 3)
+    assert got["hierarchy_seconds_by_cpu"] == {
+        "bfloat16 on AMD EPYC, AVX512 kernels": 900.0,
+        "float32 on AMD EPYC, AVX2 kernels": 1400.0,
+        "float32 on AMD EPYC, AVX2 kernels (forced)": 600.0,
+    }
+    # the AVX2-only CPU's 1400 s misses the target, though float32's mean of 1133 would meet it
+    assert meets(got)["hierarchy_seconds"] is False
+    assert cpu_kind({"dtype": "float32"}) == "float32 on an unknown CPU, unknown kernels"
+    grpo_only = record(4, 0.5, 0.6, seconds=None)  # --sft-from: no whole run's time
+    assert summarize([grpo_only])["hierarchy_seconds_by_cpu"] == {}
 
 
 def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_path):
