@@ -307,6 +307,13 @@ def notes(ratios: dict[str, float], arms: dict, decode: dict | None) -> list[str
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    machine = machine_info(  # before the runs: the load average says whether the machine was free
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        peft=peft.__version__,
+        torch_threads=str(torch.get_num_threads()),
+        torch_cpu_kernels=torch.backends.cpu.get_cpu_capability(),
+    )
     system = build(args.overrides)
     backbone = system.backbone
     roles = [r.name for r in system.roles]
@@ -354,12 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
             "top_layers": {r.name: r.adapter.top_layers for r in system.roles},
             "lora_r": {r.name: r.adapter.r for r in system.roles},
         },
-        "machine": machine_info(
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-            peft=peft.__version__,
-            torch_threads=str(torch.get_num_threads()),
-        ),
+        "machine": machine,
     }
     result = write_result(result, args.out)
     print(json.dumps({k: result[k] for k in ("mixed_vs_sequential", "mixed_vs_base", "notes")}, indent=2))

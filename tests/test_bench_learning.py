@@ -97,9 +97,13 @@ def test_an_avx2_only_cpu_is_timed_apart_from_a_newer_one_held_to_avx2_kernels()
     }
     # the AVX2-only CPU's 1400 s misses the target, though float32's mean of 1133 would meet it
     assert meets(got)["hierarchy_seconds"] is False
-    assert cpu_kind({"dtype": "float32"}) == "float32 on an unknown CPU, unknown kernels"
-    grpo_only = record(4, 0.5, 0.6, seconds=None)  # --sft-from: no whole run's time
-    assert summarize([grpo_only])["hierarchy_seconds_by_cpu"] == {}
+    assert cpu_kind({"dtype": "float32", "machine": None}) == "float32 on an unknown CPU, unknown kernels"
+    assert cpu_kind({"dtype": "float32", "machine": {**EPYC, "onednn_max_cpu_isa_env": ""}}) == (
+        "float32 on AMD EPYC, AVX2 kernels"  # an empty variable forces nothing
+    )
+    grpo_only = summarize([record(4, 0.5, 0.6, seconds=None)])  # --sft-from: no whole run's time
+    assert grpo_only["hierarchy_seconds_by_cpu"] == {} and grpo_only["hierarchy_seconds_float32"] is None
+    assert meets(grpo_only)["hierarchy_seconds"] is None
 
 
 def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_path):
