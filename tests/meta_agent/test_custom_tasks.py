@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -132,9 +133,6 @@ def test_bad_rows_name_file_line_and_field(tmp_path):
     assert load_tasks("bad", "train", limit=0, custom=custom) == []
     with pytest.raises(SettingError, match="limit must be >= 0"):
         load_tasks("bad", "train", limit=-1, custom=custom)
-    (tmp_path / "folder").mkdir()
-    with pytest.raises(SettingError, match="not one `datasets` saved"):
-        load_tasks("f", "test", custom={"f": CustomTask(path=str(tmp_path / "folder"))})
     with pytest.raises(MissingFile, match="task file .*nowhere.jsonl not found"):
         load_tasks("x", "test", custom={"x": CustomTask(path=str(tmp_path / "nowhere.jsonl"))})
 
@@ -185,6 +183,21 @@ def test_custom_tasks_from_the_command_line_and_their_mistakes(tmp_path):
             load_config([override])
     with pytest.raises(SettingError, match="unknown task 'capz'.*custom_tasks"):
         load_tasks("capz", "test", custom=cfg.custom_tasks)
+
+
+def test_a_folder_that_datasets_did_not_save_is_named(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SettingError, match="not one `datasets` saved"):
+        load_tasks("f", "test", custom={"f": CustomTask(path=str(tmp_path / "folder"))})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets is installed")
+def test_a_folder_without_datasets_installed_says_what_to_install(tmp_path):
+    """`make test` alone does not install datasets (the bench extra brings it): the line says so."""
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SettingError, match="needs the `datasets` package to read: pip install datasets"):
+        load_tasks("f", "test", custom={"f": CustomTask(path=str(tmp_path / "folder"))})
 
 
 def test_a_datasets_folder_or_parquet_file_loads_offline(tmp_path):
