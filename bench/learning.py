@@ -197,6 +197,10 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
 # new feature that a run does not use keeps its earlier seeds in the same means.
 # Sections training never reads (eval and solve do): left out of every fingerprint.
 UNREAD = ("planner",)
+# Settings of how the same gradient is computed, not of what is trained: at any value they change only the
+# order of floating-point sums (as the CPU's dtype and kernels do), so they are left out of every
+# fingerprint. train.shared_prefix: tests/training/test_shared_prefix.py, bench/results/shared_prefix.json.
+HOW_COMPUTED = ("train.shared_prefix",)
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
@@ -222,6 +226,12 @@ def without_neutral(settings: dict) -> dict:
     out = json.loads(json.dumps(settings, default=str))
     for key in UNREAD:
         out.pop(key, None)
+    for key in HOW_COMPUTED:
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part, {})
+        node.pop(leaf, None)
     for key, neutral in NEUTRAL.items():
         if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)
             setting, unread = neutral

@@ -218,6 +218,9 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     # episode are as they were
     assert settings_of("arith_hierarchy", ["protocol.number_check=false"]) == same
     assert settings_of("arith_hierarchy", ["protocol.number_check=true"])[1] != same[1]
+    # how the same gradient is computed is no setting of what is trained: either value, one fingerprint
+    assert settings_of("arith_hierarchy", ["train.shared_prefix=false"]) == same
+    assert settings_of("arith_hierarchy", ["train.shared_prefix=true"]) == same
     assert settings_of("arith_hierarchy", ["+train.env_args.attempts=2"]) == same  # unread without train.env
     assert settings_of("arith_hierarchy", ["train.env=feedback"])[1] != same[1]
     # custom_tasks came with train.env: none defined leaves the fingerprint of the seeds recorded before it,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from training.shared_prefix import SharedPrefix
 from training.types import Turn
 
 
@@ -90,20 +91,38 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
     )
 
 
-def completion_logits(model: torch.nn.Module, batch: TurnBatch) -> torch.Tensor:
+def completion_logits(
+    model: torch.nn.Module, batch: TurnBatch, prefix: SharedPrefix | None = None
+) -> torch.Tensor:
     """Logits that predict each completion token, [B, K, V].
 
     With left padding the completion occupies the last K positions, predicted by positions
-    T-K-1 .. T-2; one extra kept position covers the first of them.
+    T-K-1 .. T-2; one extra kept position covers the first of them. With `prefix` the batch holds
+    turns' tails, each after the prefix's tokens (training.shared_prefix): positions count on from
+    the prefix, and each row sees the prefix and its own tail, not the padding between them.
     """
     k = batch.completion_len
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=k + 1,
-        use_cache=False,
-    )
+    if prefix is None:
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=k + 1,
+            use_cache=False,
+        )
+    else:
+        rows = batch.input_ids.shape[0]
+        seen = torch.ones(
+            (rows, prefix.length), dtype=batch.attention_mask.dtype, device=batch.input_ids.device
+        )
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=torch.cat([seen, batch.attention_mask], dim=-1),
+            position_ids=batch.position_ids + prefix.length,
+            past_key_values=prefix.cache(rows),
+            logits_to_keep=k + 1,
+            use_cache=True,
+        )
     return out.logits[:, :-1, :]  # [B, K, V]
 
 

@@ -28,6 +28,7 @@ from training.batch import TurnBatch, collate, completion_logits, micro_batches,
 from training.distributed import Ranks
 from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
 from training.preference import PreferencePair, PreferenceSettings, preference_loss
+from training.shared_prefix import SharedPrefix, prefix_groups
 from training.types import Turn
 from training.value import ValueHeads, ValueSettings, prompt_states
 
@@ -48,6 +49,11 @@ class UpdateSettings:
     # ... each in this many minibatches of whole episodes, one step each. Above one update the old
     # policy is fixed at the rollout, so the clipped ratio (grpo.eps_low, eps_high) acts from the second.
     minibatches: int = 1
+    # true: turns of a role that begin alike (its system prompt; a task's question) run their common
+    # prefix forward and backward once per update, not once per turn (training.shared_prefix): the same
+    # gradient up to float rounding. Not with a sequence-level ratio, gradient checkpointing or a sharded
+    # backbone, which keep the turn-by-turn passes.
+    shared_prefix: bool = True
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "updates_per_rollout", "minibatches"):
@@ -106,6 +112,8 @@ class PolicyTrainer:
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         self._stepped_roles: set[str] = set()  # roles some rank trains in the current step
+        # prompt tokens this step's passes did not rerun (shared prefixes), of all they would have run
+        self._prefix_tokens = {"saved": 0, "total": 0}
         self.values: ValueHeads | None = None
         if value is not None and backbone.sharded:
             # The value pass is one forward pass per micro-batch, a collective on a sharded backbone,
@@ -169,6 +177,7 @@ class PolicyTrainer:
         for role, chunks in self._role_chunks(by_role, whole_episodes=self.grpo.ratio_level == "sequence"):
             metrics.update(self._grpo_role(role, chunks, *totals[role]))
             self._count_empty(metrics, chunks)
+        metrics.update(self._prefix_metrics())
         metrics.update(self._optimizer_step())
         return metrics
 
@@ -230,15 +239,17 @@ class PolicyTrainer:
         self.backbone.activate(role)
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
-        for chunk in chunks:
+        for chunk, batch, logits in self._training_passes(chunks, whole_episodes=g.ratio_level == "sequence"):
             if chunk is None:
                 self._empty_pass(role, temperature, reference=g.beta > 0)
                 continue
-            batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
             advantages = torch.tensor([t.advantage for t in chunk], device=batch.targets.device)
-            logits = completion_logits(self.model, batch)  # [B, K, V]
             logprobs = token_logprobs(logits, batch.targets, temperature)
-            ref = self._reference_logprobs(batch, temperature) if g.beta > 0 else None
+            ref = None
+            if g.beta > 0:  # the whole turns: without adapters the prefix's states are other ones
+                ref = self._reference_logprobs(
+                    collate(chunk, self.backbone.pad_id, batch.targets.device), temperature
+                )
             # With TIS the ratio is taken against the trainer's policy at the rollout (this forward pass
             # itself on a single update, else the logprobs recorded before the first) and the rollout's
             # logprobs only weigh tokens; without TIS, against the rollout's logprobs.
@@ -288,6 +299,47 @@ class PolicyTrainer:
             f"role/{role}/trained_tokens": sums["tokens"],
         }
 
+    def _training_passes(
+        self, chunks: Sequence[list[Turn] | None], whole_episodes: bool = False
+    ) -> Iterator[tuple[list[Turn] | None, TurnBatch | None, torch.Tensor | None]]:
+        """Each micro-batch of the active role's `chunks` with its batch and the logits of its completions,
+        with gradient: (turns, batch, logits), or (None, None, None) for a sharded backbone's padding.
+        The caller takes each micro-batch's loss backward before asking for the next. Where the turns
+        begin alike (train.shared_prefix), they are regrouped by common prefix: the batch then holds the
+        turns' tails and, after a group's last micro-batch, its prefix goes backward once."""
+        shared = self.update.shared_prefix and not (
+            whole_episodes or self.update.gradient_checkpointing or self.backbone.sharded
+        )
+        pad, device = self.backbone.pad_id, self.accelerator.device
+        if not shared:
+            for chunk in chunks:
+                if chunk is None:
+                    yield None, None, None
+                    continue
+                batch = collate(chunk, pad, device)
+                yield chunk, batch, completion_logits(self.model, batch)
+            return
+        turns = [t for chunk in chunks if chunk is not None for t in chunk]
+        for length, members in prefix_groups([t.prompt_ids for t in turns]):
+            group = [turns[i] for i in members]
+            prefix = SharedPrefix(self.model, group[0].prompt_ids[:length], device) if length else None
+            for chunk in micro_batches(group, self.update.micro_batch_size):
+                tails = [replace(t, prompt_ids=t.prompt_ids[length:]) for t in chunk]
+                batch = collate(tails, pad, device)
+                yield chunk, batch, completion_logits(self.model, batch, prefix)
+            if prefix is not None:
+                prefix.backward()
+            self._prefix_tokens["saved"] += (len(group) - 1) * length
+            self._prefix_tokens["total"] += sum(len(t.prompt_ids) + len(t.completion_ids) for t in group)
+
+    def _prefix_metrics(self) -> dict[str, float]:
+        """train/prefix_tokens_saved: the share of this step's tokens that shared prefixes spared the
+        passes (train.shared_prefix); absent where the passes ran turn by turn. Counts reset."""
+        counts, self._prefix_tokens = self._prefix_tokens, {"saved": 0, "total": 0}
+        if not counts["total"]:
+            return {}
+        return {"train/prefix_tokens_saved": counts["saved"] / counts["total"]}
+
     def _reference_logprobs(self, batch: TurnBatch, temperature: float) -> torch.Tensor:
         """The KL reference is free: the same backbone with every adapter switched off."""
         with torch.no_grad(), self.backbone.disabled_adapters():
@@ -308,12 +360,11 @@ class PolicyTrainer:
             self.model.train()
             total_tokens = totals[role][1]
             nll = 0.0
-            for chunk in chunks:
+            for chunk, batch, logits in self._training_passes(chunks):
                 if chunk is None:
                     self._empty_pass(role, 1.0, reference=False)
                     continue
-                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
-                logprobs = token_logprobs(completion_logits(self.model, batch), batch.targets)
+                logprobs = token_logprobs(logits, batch.targets)
                 loss = sft_loss(logprobs, batch.loss_mask)
                 weight = float(batch.loss_mask.sum()) / max(total_tokens, 1)
                 self.accelerator.backward(loss * weight)
@@ -321,6 +372,7 @@ class PolicyTrainer:
             if by_role.get(role):
                 metrics[f"role/{role}/sft_nll"] = nll
                 metrics[f"role/{role}/trained_tokens"] = float(sum(sum(t.loss_mask) for t in by_role[role]))
+        metrics.update(self._prefix_metrics())
         metrics.update(self._optimizer_step())
         return metrics
 

@@ -97,6 +97,7 @@ def adapters_after(
     metrics=None,
     checkpointing: bool = False,
     layer_calls: list | None = None,
+    shared_prefix: bool = True,
 ) -> dict:
     """LoRA weights after `steps` GRPO steps on fresh rollouts with the given micro-batch size."""
     rewards = {(role, ep): float(ep % 3 == 0) for role in ROLES for ep in range(6)}
@@ -104,7 +105,12 @@ def adapters_after(
     turns = rollout_turns(backbone, rewards)
     if two_turns:  # a second, shorter-prompt turn per (role, episode), like a plan and a reflection
         turns += [replace(t, prompt_ids=t.prompt_ids[:-1]) for t in turns]
-    update = UpdateSettings(micro_batch_size=micro, max_grad_norm=1e9, gradient_checkpointing=checkpointing)
+    update = UpdateSettings(
+        micro_batch_size=micro,
+        max_grad_norm=1e9,
+        gradient_checkpointing=checkpointing,
+        shared_prefix=shared_prefix,
+    )
     trainer = PolicyTrainer(backbone, dict.fromkeys(ROLES, 1e-2), grpo=grpo, update=update)
     if layer_calls is not None:  # count the top decoder layer's MLP runs (hooks do not see recomputation)
         mlp = backbone.model.base_model.model.model.layers[-1].mlp
@@ -137,8 +143,17 @@ def test_gradient_checkpointing_recomputes_and_changes_nothing(tokenizer):
     grpo = GRPOSettings(filter_zero_variance=False)
     calls: dict[bool, list] = {False: [], True: []}
     norms: dict[bool, dict] = {False: {}, True: {}}
+    # Checkpointing runs turn by turn (train.shared_prefix does not apply to it): compared with that path.
     after = {
-        on: adapters_after(tokenizer, 4, grpo, metrics=norms[on], checkpointing=on, layer_calls=calls[on])
+        on: adapters_after(
+            tokenizer,
+            4,
+            grpo,
+            metrics=norms[on],
+            checkpointing=on,
+            layer_calls=calls[on],
+            shared_prefix=False,
+        )
         for on in (False, True)
     }
     # Per role 6 turns in micro-batches of 4: two forward passes, and with checkpointing two recomputations.
