@@ -18,6 +18,7 @@ the gradient the whole turns would have given them, up to the order of floating-
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from transformers import DynamicCache
@@ -96,30 +97,35 @@ class SharedPrefix:
             logits_to_keep=1,
         )
         cache = out.past_key_values
-        self._states = [(layer.keys, layer.values) for layer in cache.layers]
-        self._leaves = [
-            (k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
-            for k, v in self._states
-        ]
+        self._states = [state for layer in cache.layers for state in (layer.keys, layer.values)]
+        self._leaves = [state.detach().requires_grad_(state.requires_grad) for state in self._states]
+        # What the tails send each leaf, summed in float32: in bfloat16 a sum over many tails would round
+        # at every addition, where the turn-by-turn passes add each turn's gradient into float32 weights.
+        self._sums: list[torch.Tensor | None] = [None] * len(self._leaves)
+        for i, leaf in enumerate(self._leaves):
+            if leaf.requires_grad:
+                leaf.register_hook(partial(self._add, i))
+
+    def _add(self, i: int, grad: torch.Tensor) -> None:
+        total = self._sums[i]
+        self._sums[i] = grad.to(torch.float32, copy=True) if total is None else total.add_(grad)
 
     def cache(self, rows: int) -> DynamicCache:
         """A cache holding the prefix for `rows` rows; the tails' forward pass extends it."""
         if self._leaves is None:
             raise RuntimeError("this prefix has already gone backward")
-        return DynamicCache(
-            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self._leaves]
-        )
+        rows_of = [leaf.expand(rows, -1, -1, -1) for leaf in self._leaves]
+        return DynamicCache(ddp_cache_data=list(zip(rows_of[::2], rows_of[1::2], strict=True)))
 
     def backward(self) -> None:
         """The tails' gradients on the prefix's keys and values, back through its graph (once)."""
         if self._leaves is None:
             raise RuntimeError("this prefix has already gone backward")
-        outputs, grads = [], []
-        for states, leaves in zip(self._states, self._leaves, strict=True):
-            for state, leaf in zip(states, leaves, strict=True):
-                if leaf.grad is not None:
-                    outputs.append(state)
-                    grads.append(leaf.grad)
-        self._states = self._leaves = None
-        if outputs:
-            torch.autograd.backward(outputs, grads)
+        sent = [
+            (state, total.to(state.dtype))
+            for state, total in zip(self._states, self._sums, strict=True)
+            if total is not None
+        ]
+        self._states = self._leaves = self._sums = None
+        if sent:
+            torch.autograd.backward([state for state, _ in sent], [total for _, total in sent])

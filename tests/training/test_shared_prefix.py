@@ -161,3 +161,36 @@ def test_sequence_level_ratio_keeps_turn_by_turn_passes(tokenizer):
     )
     metrics = trainer.grpo_step([replace(t) for t in turns])
     assert "train/prefix_tokens_saved" not in metrics
+
+
+def test_bfloat16_prefixes_train_near_the_turn_by_turn_gradient(tokenizer):
+    """In bfloat16 (a CPU with AVX512-BF16, a GPU) the prefix's states and the gradients sent back through
+    them are bfloat16, summed over the tails in float32: the step runs and lands near the turn-by-turn
+    gradient, as far as bfloat16's rounding allows."""
+    turns = turns_with_shared_prompts(tokenizer)
+    grads = {}
+    for shared in (False, True):
+        backbone = fresh(tokenizer)
+        backbone.model.to(torch.bfloat16)
+        trainer = PolicyTrainer(
+            backbone, {r: 1e-3 for r in ROLES}, update=UpdateSettings(shared_prefix=shared)
+        )
+        grads[shared] = sft_grads(trainer, turns)
+    assert set(grads[True]) == set(grads[False])
+    for name, grad in grads[False].items():
+        scale = float(grad.float().abs().max())
+        assert float((grads[True][name].float() - grad.float()).abs().max()) <= 0.05 * scale + 1e-6, name
+
+
+def sft_grads(trainer: PolicyTrainer, turns: list[Turn]) -> dict[str, torch.Tensor]:
+    """The gradients of one SFT step, taken just before its optimizer step."""
+    seen = {}
+    real_step = trainer._optimizer_step
+
+    def capture():
+        seen.update(adapter_grads(trainer))
+        return real_step()
+
+    trainer._optimizer_step = capture
+    trainer.sft_step(turns)
+    return seen
