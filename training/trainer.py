@@ -51,8 +51,8 @@ class UpdateSettings:
     minibatches: int = 1
     # true: turns of a role that begin alike (its system prompt; a task's question) run their common
     # prefix forward and backward once per update, not once per turn (training.shared_prefix): the same
-    # gradient up to float rounding. Not with a sequence-level ratio, gradient checkpointing or a sharded
-    # backbone, which keep the turn-by-turn passes.
+    # gradient up to float rounding. Not with a sequence-level ratio, gradient checkpointing, dropout or a
+    # sharded backbone, which keep the turn-by-turn passes.
     shared_prefix: bool = True
 
     def __post_init__(self) -> None:
@@ -308,7 +308,7 @@ class PolicyTrainer:
         begin alike (train.shared_prefix), they are regrouped by common prefix: the batch then holds the
         turns' tails and, after a group's last micro-batch, its prefix goes backward once."""
         shared = self.update.shared_prefix and not (
-            whole_episodes or self.update.gradient_checkpointing or self.backbone.sharded
+            whole_episodes or self.update.gradient_checkpointing or self.backbone.sharded or self._dropout()
         )
         pad, device = self.backbone.pad_id, self.accelerator.device
         if not shared:
@@ -331,6 +331,18 @@ class PolicyTrainer:
                 prefix.backward()
             self._prefix_tokens["saved"] += (len(group) - 1) * length
             self._prefix_tokens["total"] += sum(len(t.prompt_ids) + len(t.completion_ids) for t in group)
+
+    def _dropout(self) -> bool:
+        """Whether a training pass draws dropout (LoRA's or attention's): a shared prefix would then draw one
+        mask for all its turns, where turn by turn each draws its own."""
+        configs = getattr(self.model, "peft_config", {}).values()
+        base = (
+            self.model.get_base_model().config if hasattr(self.model, "get_base_model") else self.model.config
+        )
+        return (
+            any(getattr(c, "lora_dropout", 0.0) > 0 for c in configs)
+            or getattr(base, "attention_dropout", 0.0) > 0
+        )
 
     def _prefix_metrics(self) -> dict[str, float]:
         """train/prefix_tokens_saved: the share of this step's tokens that shared prefixes spared the

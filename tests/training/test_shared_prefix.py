@@ -194,3 +194,16 @@ def sft_grads(trainer: PolicyTrainer, turns: list[Turn]) -> dict[str, torch.Tens
     trainer._optimizer_step = capture
     trainer.sft_step(turns)
     return seen
+
+
+def test_dropout_keeps_turn_by_turn_passes(tokenizer):
+    """With dropout a shared prefix would draw one mask for all its turns: the passes stay turn by turn."""
+    turns = turns_with_shared_prompts(tokenizer)
+    backbone = build_tiny_backbone(
+        tokenizer, {r: AdapterConfig(r=4, alpha=8, dropout=0.1) for r in ROLES}, seed=0, lora_b_std=0.05
+    )
+    trainer = PolicyTrainer(backbone, {r: 1e-3 for r in ROLES}, update=UpdateSettings())
+    assert "train/prefix_tokens_saved" not in trainer.sft_step(turns)
+    assert "train/prefix_tokens_saved" in PolicyTrainer(fresh(tokenizer), {r: 1e-3 for r in ROLES}).sft_step(
+        turns
+    )
