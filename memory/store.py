@@ -44,6 +44,9 @@ from memory.types import Embedder, MemoryConfigError, MemoryEntry, MemoryHit
 
 SQLITE_FILE = "memory.sqlite"
 INDEX_FILE = "index.faiss"
+# How long opening a folder retries switching its journal to WAL while another process holds the lock
+# that takes (sqlite3's own default wait for a lock).
+WAL_WAIT_SECONDS = 5.0
 _REBUILD_CHUNK = 65536  # rows read from SQLite at a time when rebuilding the index
 _SAMPLE_CHUNK = 500  # ids per query when reading a training sample (SQLite limits bound parameters)
 
@@ -77,6 +80,21 @@ def _broadcast(value: object, n: int, what: str) -> list:
     if len(value) != n:
         raise ValueError(f"add_many got {n} texts but {len(value)} values of {what}")
     return list(value)
+
+
+def enable_wal(db: sqlite3.Connection, seconds: float = WAL_WAIT_SECONDS) -> None:
+    """Switch `db` to WAL, retrying for up to `seconds` while another connection holds the lock it needs.
+    SQLite answers "database is locked" at once there, without waiting in its busy handler, where a wait
+    could deadlock: two processes opening a new folder together both read it, then each needs it alone."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 class FaissMemory:
@@ -153,7 +171,7 @@ class FaissMemory:
             self._db = sqlite3.connect(self.path / SQLITE_FILE)
             # WAL + synchronous=NORMAL: a committed transaction survives a killed process (only an OS
             # crash could roll back the last commits), and adds stay fast.
-            self._db.execute("PRAGMA journal_mode=WAL")
+            enable_wal(self._db)
             self._db.execute("PRAGMA synchronous=NORMAL")
         try:
             self._db.executescript(_SCHEMA)

@@ -4,12 +4,15 @@ nothing and raise nothing after a commit, and a resume undoes only its own run's
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+import pytest
 
 from memory.embedders import HashingEmbedder
-from memory.store import SQLITE_FILE, FaissMemory
+from memory.store import SQLITE_FILE, FaissMemory, enable_wal
 from meta_agent.rank_protocol import rollback_memory
 from training.distributed import Ranks
 
@@ -31,6 +34,41 @@ def test_two_processes_writing_one_folder_lose_nothing(tmp_path, hashing):
         assert memory.ids(writer="run-a") == a and memory.ids(writer="run-b") == b
         assert memory.get(b[0]).writer == "run-b"
     assert not list(tmp_path.glob("*.tmp"))  # no temporary index file left behind
+
+
+def test_switching_to_wal_waits_out_a_lock_sqlite_will_not_wait_for(tmp_path):
+    """Two processes opening a new folder together: one gets "database is locked" at once, with no wait
+    in SQLite's busy handler (a connection with timeout 0 answers so whenever another holds the lock).
+    Opening retries until the lock is gone instead of failing."""
+    path = tmp_path / SQLITE_FILE
+    holder = sqlite3.connect(path, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.commit()
+    holder.execute("BEGIN EXCLUSIVE")
+    threading.Timer(0.3, holder.rollback).start()
+    opener = sqlite3.connect(path, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        opener.execute("PRAGMA journal_mode=WAL")  # what a single try meets
+    started = time.monotonic()
+    enable_wal(opener, seconds=10)
+    assert opener.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert time.monotonic() - started < 10
+    holder.close()
+    opener.close()
+
+
+def test_a_lock_held_past_the_wait_still_fails_with_sqlites_error(tmp_path):
+    path = tmp_path / SQLITE_FILE
+    holder = sqlite3.connect(path)
+    holder.execute("CREATE TABLE t (x)")
+    holder.commit()
+    holder.execute("BEGIN EXCLUSIVE")
+    opener = sqlite3.connect(path, timeout=0)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        enable_wal(opener, seconds=0.2)
+    holder.rollback()
+    holder.close()
+    opener.close()
 
 
 def test_a_resume_undoes_only_its_own_runs_entries(tmp_path, hashing):
