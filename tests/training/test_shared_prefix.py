@@ -95,10 +95,17 @@ def adapter_grads(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
 
 
 def step_grads(tokenizer, turns, step: str, **update) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """The gradients one step leaves (taken just before the optimizer step) and its metrics."""
+    """The gradients one step of a fresh trainer leaves (taken just before the optimizer step), its metrics."""
     trainer = PolicyTrainer(
         fresh(tokenizer), {r: 1e-3 for r in ROLES}, grpo=GRPOSettings(), update=UpdateSettings(**update)
     )
+    return grads_of(trainer, step, turns)
+
+
+def grads_of(
+    trainer: PolicyTrainer, step: str, turns: list[Turn]
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """`trainer`'s step on `turns`: the gradients it leaves just before its optimizer step, its metrics."""
     seen = {}
     real_step = trainer._optimizer_step
 
@@ -175,25 +182,11 @@ def test_bfloat16_prefixes_train_near_the_turn_by_turn_gradient(tokenizer):
         trainer = PolicyTrainer(
             backbone, {r: 1e-3 for r in ROLES}, update=UpdateSettings(shared_prefix=shared)
         )
-        grads[shared] = sft_grads(trainer, turns)
+        grads[shared] = grads_of(trainer, "sft_step", turns)[0]
     assert set(grads[True]) == set(grads[False])
     for name, grad in grads[False].items():
         scale = float(grad.float().abs().max())
         assert float((grads[True][name].float() - grad.float()).abs().max()) <= 0.05 * scale + 1e-6, name
-
-
-def sft_grads(trainer: PolicyTrainer, turns: list[Turn]) -> dict[str, torch.Tensor]:
-    """The gradients of one SFT step, taken just before its optimizer step."""
-    seen = {}
-    real_step = trainer._optimizer_step
-
-    def capture():
-        seen.update(adapter_grads(trainer))
-        return real_step()
-
-    trainer._optimizer_step = capture
-    trainer.sft_step(turns)
-    return seen
 
 
 def test_dropout_keeps_turn_by_turn_passes(tokenizer):
