@@ -226,24 +226,24 @@ def without_neutral(settings: dict) -> dict:
     out = json.loads(json.dumps(settings, default=str))
     for key in UNREAD:
         out.pop(key, None)
-    for key in HOW_COMPUTED:
+
+    def drop(key: str) -> None:
         *parents, leaf = key.split(".")
         node = out
         for part in parents:
             node = node.get(part, {})
         node.pop(leaf, None)
+
+    for key in HOW_COMPUTED:
+        drop(key)
     for key, neutral in NEUTRAL.items():
         if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)
             setting, unread = neutral
             unused = get(setting) in unread if isinstance(unread, tuple) else get(setting) == unread
         else:
             unused = get(key) == neutral
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.get(part, {})
         if unused:
-            node.pop(leaf, None)
+            drop(key)
     return out
 
 

@@ -1,7 +1,7 @@
 """What `train.shared_prefix` saves in a step of the default experiment, on the real backbone.
 
-    python -m bench.shared_prefix                                  # fresh adapters: about 10 minutes on 2 cores
-    python -m bench.shared_prefix adapters=runs/<run>/checkpoints/sft-best   # a trained policy's rollout
+    python -m bench.shared_prefix                                  # fresh adapters (an untrained rollout)
+    python -m bench.shared_prefix adapters=runs/<run>/checkpoints/sft-best   # 23 minutes on 2 AVX2-only cores
     python -m bench.shared_prefix --sft-steps 1 --repeats 1 train.tasks_per_step=2 --out /tmp/sp.json  # smoke
 
 Two kinds of step, each timed with the turns' common prefixes run once (`shared_prefix=true`) and turn
