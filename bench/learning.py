@@ -29,7 +29,8 @@ Writes bench/results/learning.json; the default task at its top level, the refle
   --sft-from its `sft_from` (the file, the run whose sft-best GRPO started from, that seed's config_sha),
   `seconds` None and `grpo_seconds`; with --reuse-hierarchy `added_later` (per part measured later, the
   machine and dtype it ran on);
-- `seeds`, and the means over them of `base`, `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
+- `seeds`, and the means over them of `base` (over the seeds that evaluated the untrained policy:
+  train.eval_base), `sft`, `grpo`, `single_agent_grpo`, `single_agent_sft`;
 - `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
   paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
   intervals (none for one seed);
@@ -201,6 +202,10 @@ UNREAD = ("planner",)
 # order of floating-point sums (as the CPU's dtype and kernels do), so they are left out of every
 # fingerprint. train.shared_prefix: tests/training/test_shared_prefix.py, bench/results/shared_prefix.json.
 HOW_COMPUTED = ("train.shared_prefix",)
+# Settings added later of what is measured beside the training, which nothing trained reads: left out of
+# every fingerprint too. train.eval_base (the untrained policy's evaluation; tests/meta_agent/test_eval_base.py):
+# a seed without it has `base` None, and the mean of `base` is over the seeds that have one.
+NOT_TRAINED = ("train.eval_base",)
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
@@ -234,7 +239,7 @@ def without_neutral(settings: dict) -> dict:
             node = node.get(part, {})
         node.pop(leaf, None)
 
-    for key in HOW_COMPUTED:
+    for key in (*HOW_COMPUTED, *NOT_TRAINED):
         drop(key)
     for key, neutral in NEUTRAL.items():
         if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)
@@ -304,15 +309,21 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
         return later_parts(seed, args, record, save)
     source = args.sft_sources.get(seed)
     if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's
-        overrides = [*overrides, f"adapters={sft_best_of(source)}", "sft.enabled=false"]
+        # its "before" evaluation is of the SFT adapters: it must run whatever the experiment's eval_base
+        overrides = [
+            *overrides,
+            f"adapters={sft_best_of(source)}",
+            "sft.enabled=false",
+            "train.eval_base=true",
+        ]
     hierarchy, seconds, run_dir = run(experiment, overrides, f"{args.task}-hierarchy-seed{seed}")
     record |= {
         "seed": seed,
         "overrides": list(args.overrides),
         "config_sha": args.config_sha,
         "run": str(run_dir),
-        "base": hierarchy["eval/accuracy_before"],
-        "sft": hierarchy.get("eval/accuracy_after_sft", hierarchy["eval/accuracy_before"]),
+        "base": hierarchy.get("eval/accuracy_before"),  # None where the experiment has train.eval_base false
+        "sft": hierarchy.get("eval/accuracy_after_sft", hierarchy.get("eval/accuracy_before")),
         "grpo": hierarchy["eval/accuracy_after"],
         "grpo_steps": hierarchy["train/grpo_steps"],
         "generated_tokens": hierarchy["train/generated_tokens"],
@@ -537,7 +548,7 @@ def meets(summary: dict) -> dict[str, bool | None]:
     seconds = max(summary["hierarchy_seconds_by_cpu"].values(), default=None)
     return {
         "grpo_minus_base": None
-        if summary["grpo"] is None
+        if summary["grpo"] is None or summary["base"] is None
         else summary["grpo"] - summary["base"] >= TARGETS["grpo_minus_base"],
         "grpo_minus_sft": None if low is None else gain >= TARGETS["grpo_minus_sft"] and low > 0,
         "hierarchy_seconds": None if seconds is None else seconds <= TARGETS["hierarchy_seconds"],

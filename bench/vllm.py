@@ -346,7 +346,7 @@ def learning(args: argparse.Namespace, old: dict, save) -> dict:
             overrides = [*args.overrides, f"seed={seed}", f"backend.name={name}"]
             final, seconds, _ = run(EXPERIMENT, overrides, f"vllm-bench-{name}-seed{seed}")
             runs[name][str(seed)] = {
-                "base": final["eval/accuracy_before"],
+                "base": final.get("eval/accuracy_before"),  # None where train.eval_base is false
                 "sft": final.get("eval/accuracy_after_sft"),
                 "grpo": final["eval/accuracy_after"],
                 "grpo_steps": final["train/grpo_steps"],

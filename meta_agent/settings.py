@@ -101,6 +101,9 @@ class TrainSettings(UpdateSettings):
     eval_task: str = "arith"  # held-out accuracy on this task's test split
     eval_limit: int = 32  # held-out problems
     eval_every: int = 10  # held-out accuracy every N steps (and before and after)
+    # held-out accuracy of the untrained policy too, before SFT (false: not measured; nothing trained
+    # reads it, so a run trains the same adapters either way)
+    eval_base: bool = True
     trace_every: int = 5  # reflection traces into TensorBoard's text tab every N steps
     checkpoint_every: int = 10  # a checkpoint every N steps (and at the last); resume=<run> continues from it
     keep_checkpoints: int = KEEP  # the newest N step checkpoints are kept

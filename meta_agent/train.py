@@ -160,7 +160,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
                 checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
             reward = metrics.get(f"role/{executor}/reward", 0.0)  # the first executor's, as logged
             advance(
-                f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {accuracy:.2f}  {elapsed:.1f} s/step"
+                f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {shown(accuracy)}  {elapsed:.1f} s/step"
             )
     if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
         # Stopped early by the token budget: evaluate and keep what the run reached.
@@ -201,12 +201,14 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
 def warm_start(
     cfg: Config, system: System, log: RunLog, evaluate: Callable[[], float], ckpt_root: Path, ranks: Ranks
 ) -> Stage:
-    """A fresh run's start: held-out accuracy untrained, then the SFT stage when `sft.enabled`."""
+    """A fresh run's start: held-out accuracy untrained (when `train.eval_base`), then the SFT stage when
+    `sft.enabled`."""
     state = Stage(stage="sft" if cfg.sft.enabled else cfg.train.algorithm)
     demos = sft_turns(cfg, system) if cfg.sft.enabled else []  # before evaluating: a bad file fails at once
-    state.base_accuracy = evaluate()
-    log.scalars({"eval/accuracy": state.base_accuracy}, 0)
-    console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
+    if cfg.train.eval_base:
+        state.base_accuracy = evaluate()
+        log.scalars({"eval/accuracy": state.base_accuracy}, 0)
+        console.print(f"held-out accuracy before training: {state.base_accuracy:.3f}")
     if cfg.sft.enabled:
         state.best_sft_accuracy = state.sft_accuracy = run_sft(
             cfg, system, demos, log, evaluate, ckpt_root, ranks
@@ -283,6 +285,12 @@ def reference_scored(
     return [
         replace(pair, ref_chosen=logps[2 * k], ref_rejected=logps[2 * k + 1]) for k, pair in enumerate(pairs)
     ]
+
+
+def shown(accuracy: float | None) -> str:
+    """A held-out accuracy for the progress line: "-" before any was measured (train.eval_base=false
+    and no SFT stage)."""
+    return "-" if accuracy is None else f"{accuracy:.2f}"
 
 
 def within_budget(cfg: Config, state: Stage) -> bool:

@@ -72,6 +72,17 @@ def test_one_seed_cannot_say_whether_the_gain_holds():
     assert summarize([{}])["seeds"] == []  # a seed whose hierarchy has not finished
 
 
+def test_seeds_that_did_not_evaluate_the_untrained_policy_leave_base_to_those_that_did():
+    """train.eval_base=false: a seed's `base` is None. The mean is over the seeds with one: (0.2 + 0.0) / 2;
+    with none, base and its target are None, not 0."""
+    seeds = [record(0, 0.5, 0.7, base=0.2), record(1, 0.6, 0.6, base=None), record(2, 0.4, 0.5, base=0.0)]
+    got = summarize(seeds)
+    assert got["base"] == 0.1 and got["grpo"] == 0.6
+    assert meets(got)["grpo_minus_base"] is True  # 0.6 - 0.1 >= 0.30
+    none = summarize([record(1, 0.6, 0.6, base=None)])
+    assert none["base"] is None and meets(none)["grpo_minus_base"] is None
+
+
 def test_time_is_kept_per_kind_of_cpu_and_the_target_holds_on_every_kind():
     got = summarize([record(0, 0.5, 0.6), record(1, 0.5, 0.6, seconds=1500.0, dtype="bfloat16")])
     assert (got["hierarchy_seconds_float32"], got["hierarchy_seconds_bfloat16"]) == (600.0, 1500.0)
@@ -221,6 +232,9 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     # how the same gradient is computed is no setting of what is trained: either value, one fingerprint
     assert settings_of("arith_hierarchy", ["train.shared_prefix=false"]) == same
     assert settings_of("arith_hierarchy", ["train.shared_prefix=true"]) == same
+    # ...nor is whether the untrained policy is evaluated, which nothing trained reads
+    assert settings_of("arith_hierarchy", ["train.eval_base=true"]) == same
+    assert settings_of("arith_hierarchy", ["train.eval_base=false"]) == same
     assert settings_of("arith_hierarchy", ["+train.env_args.attempts=2"]) == same  # unread without train.env
     assert settings_of("arith_hierarchy", ["train.env=feedback"])[1] != same[1]
     # custom_tasks came with train.env: none defined leaves the fingerprint of the seeds recorded before it,
@@ -448,7 +462,8 @@ def test_sft_from_starts_each_seeds_grpo_from_the_recorded_seeds_sft(monkeypatch
     assert sha == "f60"
     got = learning.seed_run(1, args, {}, lambda: None)
     sft_best = source_run / "checkpoints" / "sft-best"
-    assert ran[0][1][-2:] == [f"adapters={sft_best}", "sft.enabled=false"]
+    # the run's "before" evaluation is the SFT adapters': it runs whatever the experiment's train.eval_base
+    assert ran[0][1][-3:] == [f"adapters={sft_best}", "sft.enabled=false", "train.eval_base=true"]
     assert (got["base"], got["sft"], got["grpo"]) == (0.0, 0.4375, 0.5)
     assert got["seconds"] is None and got["grpo_seconds"] == 600.0
     assert got["sft_from"] == {"file": str(source), "run": str(source_run), "config_sha": "f60"}
