@@ -203,7 +203,7 @@ UNREAD = ("planner",)
 # fingerprint. train.shared_prefix: tests/training/test_shared_prefix.py, bench/results/shared_prefix.json.
 HOW_COMPUTED = ("train.shared_prefix",)
 # Settings added later of what is measured beside the training, which nothing trained reads: left out of
-# every fingerprint too. train.eval_base (the untrained policy's evaluation; tests/meta_agent/test_eval_base.py):
+# every fingerprint too. train.eval_base (the untrained policy's evaluation; tests/meta_agent/test_training_evaluations.py):
 # a seed without it has `base` None, and the mean of `base` is over the seeds that have one.
 NOT_TRAINED = ("train.eval_base",)
 NEUTRAL = {

@@ -162,3 +162,20 @@ def test_states_computed_before_a_weight_change_are_not_reused(tiny_backbone, to
         with torch.no_grad():
             for p, s in zip(params, saved, strict=True):
                 p.copy_(s)
+
+
+def test_a_cleared_cache_runs_every_prompt_whole_as_a_fresh_backend_does(tiny_backbone, tokenizer):
+    """clear_cache (training calls it after each held-out evaluation): the next prompts reuse nothing, so
+    their states, logprobs and samples are a fresh backend's bit for bit."""
+    prompt = tuple(tokenizer("Q: 12 + 30 = ?")["input_ids"])
+    request = GenerationRequest(ROLES[1], prompt, HOT, seed=3)
+    backend = HFBackend(tiny_backbone)
+    out = backend.generate([request])[0]
+    assert len(backend.prefix) > 0
+    backend.clear_cache()
+    assert len(backend.prefix) == 0 and backend.prefix.nbytes == 0
+    follow = GenerationRequest(ROLES[1], continuation(tokenizer, prompt, out), HOT, seed=4)
+    got = backend.generate([follow])[0]
+    assert backend.prefix.hits == 0
+    fresh = HFBackend(tiny_backbone).generate([follow])[0]
+    assert got.token_ids == fresh.token_ids and got.logprobs == fresh.logprobs

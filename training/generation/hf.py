@@ -86,6 +86,11 @@ class HFBackend:
     def adapters(self) -> tuple[str, ...]:
         return self.backbone.adapters
 
+    def clear_cache(self) -> None:
+        """Forget every cached prompt state: the next prompts run whole, as in a fresh backend. The same
+        states computed in another batch layout differ in their last bits, and a sample can turn on that."""
+        self.prefix.clear()
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """One result per request, in request order."""
         requests = list(requests)

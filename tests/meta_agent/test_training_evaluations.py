@@ -1,6 +1,11 @@
-"""train.eval_base: whether a fresh run evaluates the untrained policy before SFT. Nothing trained reads
-that evaluation (it writes no lesson and draws no sample a later step depends on), so a run trains the
-same adapters either way: bench.learning leaves the setting out of its fingerprint for that reason."""
+"""Held-out evaluations during training leave nothing that training reads, on a saved tiny model.
+
+train.eval_base: whether a fresh run evaluates the untrained policy before SFT. That evaluation writes no
+lesson and draws no sample a later step depends on, so a run trains the same adapters either way:
+bench.learning leaves the setting out of its fingerprint for that reason. And after every evaluation the
+generation backend forgets the prompt states it cached, so the next rollout runs as a run started from a
+checkpoint there runs it.
+"""
 
 from __future__ import annotations
 
@@ -72,3 +77,36 @@ def test_a_run_without_the_untrained_evaluation_trains_the_same_adapters(tiny_mo
     # The random tiny model earns one reward everywhere, so its GRPO step moves nothing: the rollout itself,
     # which a lesson written by the evaluation would change, is compared too.
     assert len(episodes) == 4 and episodes == episodes_without
+
+
+@pytest.mark.slow  # one short run on the tiny model, about 15 s on a busy 2-core machine
+def test_every_rollout_after_an_evaluation_starts_with_no_cached_prompt_state(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The untrained evaluation and step 1's come right before a rollout, with the weights they ran with
+    (the untrained one changes no weight at all): their cached states must not be reused, or the rollout's
+    float sums differ from those of a run resumed there."""
+    import meta_agent.train as training_loop
+
+    cached_at_rollout = []
+    rollout = training_loop.rollout
+
+    def counted(cfg, system, *args, **kwargs):
+        cached_at_rollout.append(len(system.backend.prefix))
+        return rollout(cfg, system, *args, **kwargs)
+
+    monkeypatch.setattr(training_loop, "rollout", counted)
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        [
+            f"model.path={tiny_model_dir}",
+            *TINY,
+            "train.steps=2",
+            "train.eval_every=1",
+            "train.eval_base=true",
+            f"run_dir={run_dir}",
+            "memory.enabled=false",
+        ]
+    )
+    train(cfg, run_dir, Ranks())
+    assert cached_at_rollout == [0, 0]
