@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The main job: a short real training run of the default experiment (on 2 CPU cores about 15 minutes
-# with AVX512-BF16, about 25 with AVX2 only: the README's "Two commands" and "Measured: does it learn?").
+# with AVX512-BF16, about 21 with AVX2 only: the README's "Two commands" and "Measured: does it learn?").
 run: setup
 	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
 

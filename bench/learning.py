@@ -1,4 +1,5 @@
-"""Does it learn, over seeds? Held-out accuracy of the untrained hierarchy, after SFT and after GRPO; the
+"""Does it learn, over seeds? Held-out accuracy of the untrained hierarchy (where the experiment's
+train.eval_base is true; the default experiment's is false), after SFT and after GRPO; the
 single-agent baseline trained with GRPO at an equal budget of generated tokens; and what reflection and
 the plan do before and after GRPO (the probes), for each of `--seeds`.
 
@@ -308,8 +309,8 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
             record.pop("probes", None)  # probed again: never an older probe beside a newer one
         return later_parts(seed, args, record, save)
     source = args.sft_sources.get(seed)
-    if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's
-        # its "before" evaluation is of the SFT adapters: it must run whatever the experiment's eval_base
+    if source is not None:  # GRPO from the source seed's SFT: its held-out accuracy "before" is SFT's,
+        # so that evaluation runs whatever the experiment's train.eval_base
         overrides = [
             *overrides,
             f"adapters={sft_best_of(source)}",

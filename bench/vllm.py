@@ -18,8 +18,8 @@ and VLLMBackend syncs its adapters (timed, and counted in its round). Rounds alt
 first, after one untimed warm-up round each, so background load falls on both alike.
 
 Learning (`--learning`): `meta_agent.train.train` of `arith_hierarchy` (as bench/learning.py runs it) with
-backend.name=hf and with backend.name=vllm, for each of `--seeds`: held-out accuracy untrained, after SFT
-and after GRPO, and wall seconds. Runs of other seeds already in the file are kept, so seeds can be added
+backend.name=hf and with backend.name=vllm, for each of `--seeds`: held-out accuracy untrained (None where
+the experiment's train.eval_base is false, as the default's is), after SFT and after GRPO, and wall seconds. Runs of other seeds already in the file are kept, so seeds can be added
 one at a time; the comparison is over the seeds both backends have run, paired by seed (a seed fixes the
 SFT data, the task order and the held-out problems of both runs): the mean difference and its 95% interval.
 GRPO's outcome varies a lot from seed to seed here (4 steps from a low-entropy SFT policy, whose style

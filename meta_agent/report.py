@@ -28,7 +28,7 @@ from meta_agent.errors import BadData, MissingFile  # noqa: E402
 FIGURES = {
     "reward": ("Reward per role", [("role/{role}/reward", "{role}")]),
     "accuracy": (
-        "Accuracy over GRPO steps (held-out at step 0: before any training)",
+        "Accuracy over GRPO steps (held-out at step 0: before any training, where train.eval_base)",
         [("rollout/accuracy", "rollout"), ("eval/accuracy", "held-out")],
     ),
     "sft": ("Held-out accuracy over SFT steps (the warm start)", [("sft/eval/accuracy", "held-out")]),

@@ -100,7 +100,7 @@ class TrainSettings(UpdateSettings):
     group_size: int = 4  # G: episodes of the whole hierarchy per task
     eval_task: str = "arith"  # held-out accuracy on this task's test split
     eval_limit: int = 32  # held-out problems
-    eval_every: int = 10  # held-out accuracy every N steps (and before and after)
+    eval_every: int = 10  # held-out accuracy every N steps (and at the last)
     # held-out accuracy of the untrained policy too, before SFT (false: not measured; nothing trained
     # reads it, so a run trains the same adapters either way)
     eval_base: bool = True

@@ -163,10 +163,13 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             advance(
                 f"reward {reward:+.2f}  acc {metrics['rollout/accuracy']:.2f}  eval {shown(accuracy)}  {elapsed:.1f} s/step"
             )
-    if state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps:
-        # Stopped early by the token budget: evaluate and keep what the run reached.
+    stopped_early = state.step % cfg.train.eval_every != 0 and state.step != cfg.train.steps
+    if stopped_early or accuracy is None:
+        # Stopped early by the token budget, or nothing measured yet (no SFT, train.eval_base=false and no
+        # step): evaluate what the run reached.
         accuracy = evaluate()
         log.scalars({"eval/accuracy": accuracy}, state.step)
+    if stopped_early:
         checkpoint(system, trainer, state, ckpt_root, cfg.train.keep_checkpoints)
     check_ranks_agree(system.backbone, ranks, run_dir)
     final = {"eval/accuracy_before": state.base_accuracy, "eval/accuracy_after_sft": state.sft_accuracy}
@@ -294,8 +297,8 @@ def forgetting(evaluate: Callable[[], float], backend: object) -> Callable[[], f
     A rollout after an evaluation with unchanged weights would start from states the evaluation computed
     in its own batches, which round differently in their last bits from states computed afresh; a run
     resumed or started from a checkpoint there has no such states, and drew other samples than the whole
-    run (one episode in eight in float32 on the default experiment, most in bfloat16). Forgetting them
-    makes both run the same prompts the same way. Backends without a cache of their own forget nothing."""
+    run (README: "Measured: does it learn?"). Forgetting them makes both run the same prompts the same
+    way. The vllm backend has no clear_cache: its own prefix cache is not bit-reproducible either way."""
     clear = getattr(backend, "clear_cache", None)
 
     def evaluate_and_forget() -> float:

@@ -110,3 +110,26 @@ def test_every_rollout_after_an_evaluation_starts_with_no_cached_prompt_state(
     )
     train(cfg, run_dir, Ranks())
     assert cached_at_rollout == [0, 0]
+
+
+@pytest.mark.slow  # one run of no step on the tiny model, a few seconds
+def test_a_run_that_measured_nothing_evaluates_once_at_the_end(tiny_model_dir, tmp_path):
+    """No SFT, no untrained evaluation and no GRPO step (train.steps=0): the run still reports a held-out
+    accuracy, so its summary and hparams hold a number, not None."""
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        [
+            f"model.path={tiny_model_dir}",
+            *TINY,
+            "train.steps=0",
+            "train.eval_base=false",
+            f"run_dir={run_dir}",
+            "memory.enabled=false",
+        ]
+    )
+    final = train(cfg, run_dir, Ranks())
+    assert isinstance(final["eval/accuracy_after"], float)
+    assert "eval/accuracy_before" not in final and final["train/grpo_steps"] == 0.0
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [0]
