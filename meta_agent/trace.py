@@ -99,7 +99,8 @@ def episode_markdown(ep: Episode) -> str:
         if t.forged:
             lines.append(f"- forged observations: {t.forged} (what imitated the environment is quoted above)")
     if ep.lesson:
-        lines += ["", f"**Lesson written to memory:** {_line(ep.lesson)}"]
+        # Written by the reflection; stored only where the memory is on and the run writes lessons.
+        lines += ["", f"**Lesson:** {_line(ep.lesson)}"]
     lines += ["", *rounds_table(ep, graded)]
     return "\n".join(lines)
 

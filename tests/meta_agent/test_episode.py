@@ -105,7 +105,7 @@ def test_trace_of_a_finished_episode(make_episode, tmp_path):
     assert record["turns"][1]["tool_calls"][0]["output"] == TASK.answer
     text = episode_markdown(ep)
     assert f"### {TASK.id} (correct)" in text
-    assert "tool `calculator` (ok)" in text and "Lesson written to memory:** use the calculator" in text
+    assert "tool `calculator` (ok)" in text and "**Lesson:** use the calculator" in text
 
     writer = TraceWriter(tmp_path / "traces" / "traces.jsonl")
     writer.write([ep, ep], step=1)
