@@ -9,8 +9,10 @@ The two learning runs train the same experiment with the same seeds: the same SF
 demonstrations, the task order and the held-out problems), then the same number of rollouts of the same
 size, learnt from by GRPO in one and by the preference loss on pairs mined from the rollout's groups
 (`train.algorithm=dpo`, the `dpo:` settings) in the other. This reads both files' per-seed records and
-pairs a seed when its two runs had the same overrides but train.algorithm and reached the same SFT
-accuracy (anything else is named and left out). Writes the `dpo_minus_grpo` key of
+pairs a seed when its two runs had the same overrides but train.algorithm, computed in the same dtype,
+each trained with today's settings and code for its overrides (its record's `config_sha` is what
+bench.learning's fingerprint gives now: a run of an older default, or of older training code, is not
+today's experiment) and reached the same SFT accuracy (anything else is named and left out). Writes the `dpo_minus_grpo` key of
 bench/results/planning.json (its other keys are kept): per seed SFT, GRPO and DPO held-out accuracy and
 each arm's generated tokens and seconds; the mean difference over seeds with its 95% Student's t interval
 (none for one seed); each arm's means. A summary of two measurements, not a test.
@@ -20,13 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from bench.common import RESULTS_DIR
 from bench.learning import RESULTS as GRPO_RESULTS
+from bench.learning import settings_of
 from meta_agent.stats import seed_interval
 
 DPO_RESULTS = RESULTS_DIR / "learning_dpo.json"
@@ -45,8 +50,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def pair_seeds(grpo: list[dict], dpo: list[dict]) -> tuple[list[dict], list[str]]:
-    """One row per seed both files trained alike; and a line for each seed left out, saying why."""
+def stale(record: dict, fingerprint: Callable[[Sequence[str]], str]) -> str | None:
+    """Why a record was not trained with today's settings and code for its overrides (None if it was)."""
+    today = fingerprint(record.get("overrides", []))
+    if record.get("config_sha") == today:
+        return None
+    return f"trained with settings {record.get('config_sha')}, today's are {today}"
+
+
+def pair_seeds(
+    grpo: list[dict], dpo: list[dict], fingerprint: Callable[[Sequence[str]], str]
+) -> tuple[list[dict], list[str]]:
+    """One row per seed both files trained alike; and a line for each seed left out, saying why.
+    `fingerprint(overrides)` is today's config_sha of the experiment under those overrides."""
     by_seed = {r["seed"]: r for r in grpo}
     rows, left_out = [], []
     for d in sorted(dpo, key=lambda r: r["seed"]):
@@ -57,6 +73,12 @@ def pair_seeds(grpo: list[dict], dpo: list[dict]) -> tuple[list[dict], list[str]
             left_out.append(f"seed {seed}: no GRPO run")
         elif own != g.get("overrides", []):
             left_out.append(f"seed {seed}: overrides differ ({own} against {g.get('overrides', [])})")
+        elif d.get("dtype") != g.get("dtype"):
+            left_out.append(f"seed {seed}: DPO computed in {d.get('dtype')}, GRPO in {g.get('dtype')}")
+        elif why := stale(d, fingerprint):
+            left_out.append(f"seed {seed}: the DPO run is not today's experiment ({why}): rerun it")
+        elif why := stale(g, fingerprint):
+            left_out.append(f"seed {seed}: the GRPO run is not today's experiment ({why}): rerun it")
         elif d["grpo_steps"] != g["grpo_steps"]:
             left_out.append(
                 f"seed {seed}: {d['grpo_steps']:g} DPO steps against {g['grpo_steps']:g} GRPO steps"
@@ -118,7 +140,16 @@ def dpo_settings(config: Path) -> dict | None:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     grpo, dpo = (json.loads(path.read_text()) for path in (args.grpo, args.dpo))
-    rows, left_out = pair_seeds(grpo["per_seed"], dpo["per_seed"])
+    experiment = grpo["settings"]["experiments"][0]
+    if dpo["settings"]["experiments"][0] != experiment:
+        raise SystemExit(
+            f"{args.dpo} trained {dpo['settings']['experiments'][0]} and {args.grpo} {experiment}: "
+            "give two runs of the same experiment"
+        )
+    fingerprint = cache(lambda overrides: settings_of(experiment, overrides)[1])
+    rows, left_out = pair_seeds(
+        grpo["per_seed"], dpo["per_seed"], lambda overrides: fingerprint(tuple(overrides))
+    )
     for line in left_out:
         print(f"left out: {line}")
     section = summarise(rows) | {
