@@ -12,10 +12,11 @@ size, learnt from by GRPO in one and by the preference loss on pairs mined from 
 pairs a seed when its two runs had the same overrides but train.algorithm, computed in the same dtype,
 each trained with today's settings and code for its overrides (its record's `config_sha` is what
 bench.learning's fingerprint gives now: a run of an older default, or of older training code, is not
-today's experiment) and reached the same SFT accuracy (anything else is named and left out). Writes the `dpo_minus_grpo` key of
-bench/results/planning.json (its other keys are kept): per seed SFT, GRPO and DPO held-out accuracy and
-each arm's generated tokens and seconds; the mean difference over seeds with its 95% Student's t interval
-(none for one seed); each arm's means. A summary of two measurements, not a test.
+today's experiment) and reached the same SFT accuracy (anything else is named and left out). Writes
+the `dpo_minus_grpo` key of bench/results/planning.json (its other keys are kept): per seed SFT, GRPO and
+DPO held-out accuracy and each arm's generated tokens and seconds; the mean difference over seeds with
+its 95% Student's t interval (none for one seed); each arm's means. A summary of two measurements, not a
+test.
 """
 
 from __future__ import annotations
