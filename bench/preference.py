@@ -12,7 +12,8 @@ size, learnt from by GRPO in one and by the preference loss on pairs mined from 
 pairs a seed when its two runs had the same overrides but train.algorithm, computed in the same dtype,
 each trained with today's settings and code for its overrides (its record's `config_sha` is what
 bench.learning's fingerprint gives now: a run of an older default, or of older training code, is not
-today's experiment) and reached the same SFT accuracy (anything else is named and left out). Writes
+today's experiment), both whole runs or both from the same recorded SFT (`--sft-from`), and reached the
+same SFT accuracy (anything else is named and left out). Writes
 the `dpo_minus_grpo` key of bench/results/planning.json (its other keys are kept): per seed SFT, GRPO and
 DPO held-out accuracy and each arm's generated tokens and seconds; the mean difference over seeds with
 its 95% Student's t interval (none for one seed); each arm's means. A summary of two measurements, not a
@@ -51,12 +52,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+SFT_FROM = "/sft:"  # bench.learning's config_sha of a run from a recorded SFT: "<own>/sft:<the source's>"
+
+
 def stale(record: dict, fingerprint: Callable[[Sequence[str]], str]) -> str | None:
-    """Why a record was not trained with today's settings and code for its overrides (None if it was)."""
+    """Why a record was not trained with today's settings and code for its overrides (None if it was);
+    a run from a recorded SFT is judged by its own part of the fingerprint."""
+    own = str(record.get("config_sha")).partition(SFT_FROM)[0]
     today = fingerprint(record.get("overrides", []))
-    if record.get("config_sha") == today:
+    if own == today:
         return None
-    return f"trained with settings {record.get('config_sha')}, today's are {today}"
+    return f"trained with settings {own}, today's are {today}"
+
+
+def sft_source(record: dict) -> str | None:
+    """The fingerprint of the recorded SFT a run started from (None for a whole run)."""
+    return str(record.get("config_sha")).partition(SFT_FROM)[2] or None
 
 
 def pair_seeds(
@@ -80,6 +91,11 @@ def pair_seeds(
             left_out.append(f"seed {seed}: the DPO run is not today's experiment ({why}): rerun it")
         elif why := stale(g, fingerprint):
             left_out.append(f"seed {seed}: the GRPO run is not today's experiment ({why}): rerun it")
+        elif sft_source(d) != sft_source(g):
+            left_out.append(
+                f"seed {seed}: DPO started from SFT {sft_source(d) or 'of its own run'}, "
+                f"GRPO from {sft_source(g) or 'that of its own run'}"
+            )
         elif d["grpo_steps"] != g["grpo_steps"]:
             left_out.append(
                 f"seed {seed}: {d['grpo_steps']:g} DPO steps against {g['grpo_steps']:g} GRPO steps"
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
     experiment = grpo["settings"]["experiments"][0]
     if dpo["settings"]["experiments"][0] != experiment:
         raise SystemExit(
-            f"{args.dpo} trained {dpo['settings']['experiments'][0]} and {args.grpo} {experiment}: "
+            f"{args.dpo} trained {dpo['settings']['experiments'][0]} and {args.grpo} trained {experiment}: "
             "give two runs of the same experiment"
         )
     fingerprint = cache(lambda overrides: settings_of(experiment, overrides)[1])

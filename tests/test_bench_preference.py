@@ -75,7 +75,25 @@ def test_seeds_of_other_settings_code_or_dtype_are_left_out():
     ]
 
 
-def test_the_difference_over_seeds_and_the_files_other_keys(tmp_path):
+def test_runs_from_a_recorded_sft_pair_when_they_started_from_the_same_one():
+    """bench.learning --sft-from records `<own sha>/sft:<source sha>`: judged by the own part, and paired
+    only with a run from the same source."""
+    dpo_override = ["train.algorithm=dpo"]
+
+    def from_sft(seed, overrides, source):
+        return record(seed, 0.5, 0.6, overrides) | {"config_sha": f"{sha(overrides)}/sft:{source}"}
+
+    grpo = [from_sft(0, [], "s1"), from_sft(1, [], "s1"), record(2, 0.5, 0.4)]
+    dpo = [from_sft(0, dpo_override, "s1"), from_sft(1, dpo_override, "s2"), from_sft(2, dpo_override, "s1")]
+    rows, left_out = pair_seeds(grpo, dpo, sha)
+    assert [r["seed"] for r in rows] == [0]
+    assert left_out == [
+        "seed 1: DPO started from SFT s2, GRPO from s1",
+        "seed 2: DPO started from SFT s1, GRPO from that of its own run",
+    ]
+
+
+def test_the_difference_over_seeds_and_the_files_other_keys(tmp_path, capsys):
     """Through main, whose fingerprint is bench.learning's for the files' experiment."""
     grpo, dpo, out = tmp_path / "g.json", tmp_path / "d.json", tmp_path / "planning.json"
     dpo_override = ["train.algorithm=dpo"]
@@ -89,11 +107,20 @@ def test_the_difference_over_seeds_and_the_files_other_keys(tmp_path):
         return record(seed, sft, after, overrides, tokens) | {"config_sha": today[tuple(overrides)]}
 
     settings = {"experiments": ["arith_hierarchy", "arith_single_agent"]}
-    grpo.write_text(json.dumps({"per_seed": [real(0, 0.5, 0.4), real(1, 0.5, 0.7)], "settings": settings}))
-    dpo_seeds = [real(0, 0.5, 0.6, dpo_override, 90.0), real(1, 0.5, 0.5, dpo_override, 110.0)]
+    dpo_seeds = [
+        real(0, 0.5, 0.6, dpo_override, 90.0),
+        real(1, 0.5, 0.5, dpo_override, 110.0),
+        real(2, 0.5, 0.5, dpo_override) | {"config_sha": "f60dd410ed3d"},  # an older default's
+    ]
+    grpo_seeds = [real(0, 0.5, 0.4), real(1, 0.5, 0.7), real(2, 0.5, 0.4)]
+    grpo.write_text(json.dumps({"per_seed": grpo_seeds, "settings": settings}))
     dpo.write_text(json.dumps({"per_seed": dpo_seeds, "settings": settings}))
     out.write_text(json.dumps({"mcts_accuracy": 0.5}))
     section = main(["--grpo", str(grpo), "--dpo", str(dpo), "--out", str(out)])
+    assert capsys.readouterr().out.startswith(
+        f"left out: seed 2: the DPO run is not today's experiment (trained with settings f60dd410ed3d, "
+        f"today's are {today[tuple(dpo_override)]}): rerun it\n"
+    )
     # differences +0.2 and -0.2: mean 0, sd 0.2828, t(1) = 12.706: half-width 12.706 * 0.2828 / sqrt 2 = 2.541
     assert section["mean"] == pytest.approx(0.0, abs=1e-12)
     assert section["ci_high"] == pytest.approx(2.5412, abs=1e-3)
@@ -108,5 +135,7 @@ def test_files_of_two_experiments_are_refused_in_one_line(tmp_path):
     grpo, dpo = tmp_path / "g.json", tmp_path / "d.json"
     grpo.write_text(json.dumps({"per_seed": [], "settings": {"experiments": ["arith_hierarchy"]}}))
     dpo.write_text(json.dumps({"per_seed": [], "settings": {"experiments": ["distract_hierarchy"]}}))
-    with pytest.raises(SystemExit, match="trained distract_hierarchy and .* arith_hierarchy: give two runs"):
+    with pytest.raises(
+        SystemExit, match="trained distract_hierarchy and .* trained arith_hierarchy: give two runs"
+    ):
         main(["--grpo", str(grpo), "--dpo", str(dpo), "--out", str(tmp_path / "p.json")])
