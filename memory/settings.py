@@ -1,10 +1,11 @@
 """The `memory:` settings and the memory they describe.
 
-memory = open_memory(MemorySettings(path="runs/memory"), SentenceEmbedder())
+memory = open_memory(MemorySettings(path="runs/memory"), SentenceEmbedder)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,17 +54,22 @@ class MemorySettings:
 
 
 def open_memory(
-    settings: MemorySettings, embedder: Embedder, *, read_only: bool = False, writer: str = ""
+    settings: MemorySettings,
+    make_embedder: Callable[[], Embedder],
+    *,
+    read_only: bool = False,
+    writer: str = "",
 ) -> FaissMemory | None:
-    """The memory `settings` describe, or None when it is off. `read_only`: another process writes the
-    folder (the ranks after the first of a multi-process run); an in-process memory is always writable.
-    `writer` tags what this process adds (a run passes its folder)."""
+    """The memory `settings` describe, or None when it is off. `make_embedder` is called only for a memory
+    that is on (a sentence model takes seconds and memory to load). `read_only`: another process writes
+    the folder (the ranks after the first of a multi-process run); an in-process memory is always
+    writable. `writer` tags what this process adds (a run passes its folder)."""
     if not settings.enabled:
         return None
     path = Path(settings.path) if settings.path else None
     return FaissMemory(
         path,
-        embedder,
+        make_embedder(),
         index=settings.index,
         ef_search=settings.hnsw_ef_search,
         nprobe=settings.ivf_nprobe,

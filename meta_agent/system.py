@@ -156,12 +156,7 @@ def build_system(
     check_tools(cfg)
     # Entries are tagged with the run's folder: a resume undoes its own writes, never another run's.
     writer = str(Path(cfg.run_dir).resolve())
-    # The embedder (a sentence model) is loaded only for a memory that is on.
-    memory = (
-        open_memory(cfg.memory, SentenceEmbedder(), read_only=memory_read_only, writer=writer)
-        if cfg.memory.enabled
-        else None
-    )
+    memory = open_memory(cfg.memory, SentenceEmbedder, read_only=memory_read_only, writer=writer)
     if memory is None:
         # memory.enabled=false switches memory off everywhere, the memory_search tool included.
         roles = [replace(r, tools=tuple(t for t in r.tools if t != "memory_search")) for r in roles]
