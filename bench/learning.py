@@ -77,6 +77,8 @@ from training.checkpoint import latest_checkpoint
 from training.model_files import torch_dtype
 
 RESULTS = RESULTS_DIR / "learning.json"
+# A run from a recorded SFT (--sft-from) is fingerprinted "<its own config_sha><SFT_FROM><the source's>".
+SFT_FROM = "/sft:"
 CHECK_RESULTS = RESULTS_DIR / "learning_check.json"
 NUMBERS_RESULTS = RESULTS_DIR / "learning_numbers.json"
 # --task: the experiments trained per seed, the hierarchy's and its executor-alone baseline's
@@ -651,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         )
     args.sft_sources, source_sha = sft_sources(args)  # a seed it lacks stops the bench here, before any run
     if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
-        args.config_sha = f"{args.config_sha}/sft:{source_sha}"
+        args.config_sha = f"{args.config_sha}{SFT_FROM}{source_sha}"
     per_seed = kept_seeds(section_old, args)
     args.kept = list(per_seed)
     result: dict = {}

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from bench.common import RESULTS_DIR
 from bench.learning import RESULTS as GRPO_RESULTS
-from bench.learning import settings_of
+from bench.learning import SFT_FROM, settings_of
 from meta_agent.stats import seed_interval
 
 DPO_RESULTS = RESULTS_DIR / "learning_dpo.json"
@@ -52,14 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SFT_FROM = "/sft:"  # bench.learning's config_sha of a run from a recorded SFT: "<own>/sft:<the source's>"
-
-
 def stale(record: dict, fingerprint: Callable[[Sequence[str]], str]) -> str | None:
     """Why a record was not trained with today's settings and code for its overrides (None if it was);
     a run from a recorded SFT is judged by its own part of the fingerprint."""
     own = str(record.get("config_sha")).partition(SFT_FROM)[0]
-    today = fingerprint(record.get("overrides", []))
+    today = fingerprint(tuple(record.get("overrides", [])))
     if own == today:
         return None
     return f"trained with settings {own}, today's are {today}"
@@ -74,7 +71,7 @@ def pair_seeds(
     grpo: list[dict], dpo: list[dict], fingerprint: Callable[[Sequence[str]], str]
 ) -> tuple[list[dict], list[str]]:
     """One row per seed both files trained alike; and a line for each seed left out, saying why.
-    `fingerprint(overrides)` is today's config_sha of the experiment under those overrides."""
+    `fingerprint(overrides)` is today's config_sha of the experiment under those overrides (a tuple)."""
     by_seed = {r["seed"]: r for r in grpo}
     rows, left_out = [], []
     for d in sorted(dpo, key=lambda r: r["seed"]):
@@ -164,9 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
             "give two runs of the same experiment"
         )
     fingerprint = cache(lambda overrides: settings_of(experiment, overrides)[1])
-    rows, left_out = pair_seeds(
-        grpo["per_seed"], dpo["per_seed"], lambda overrides: fingerprint(tuple(overrides))
-    )
+    rows, left_out = pair_seeds(grpo["per_seed"], dpo["per_seed"], fingerprint)
     for line in left_out:
         print(f"left out: {line}")
     section = summarise(rows) | {
