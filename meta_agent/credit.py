@@ -8,7 +8,8 @@
 An episode gives each role one reward (roles.rewards); a role with several turns in an episode (plan
 and reflection) counts once in its group's statistics, and all its turns share the advantage, except
 the meta-thinker's reflections under `reflection_credit="round"`: each is credited with what it did
-(roles.rewards.round_reflection_reward), normalised among the reflections of the same task and round. The maths
+(roles.rewards.round_reflection_reward), normalised among the reflections of the same task and round; under
+`"none"` they get 0 and `training_turns(episodes, reflections=False)` leaves them out of the update. The maths
 is training.grpo.advantages (grpo, rloo or reinforce_pp baselines). With grpo.advantage=gae each turn
 gets its own advantage against the value heads instead (assign_gae, training.value):
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meta_agent.episode import Episode
-from meta_agent.episode_records import REFLECT
+from meta_agent.episode_records import REFLECT, TurnRecord
 from roles import META_THINKER, round_reflection_reward
 from training.grpo import advantages, batch_advantages
 from training.types import Turn
@@ -41,7 +42,7 @@ def assign_advantages(
     episode minus the mean over the group's episodes (the same role on the same task), divided by the
     group's std when `scale`; groups whose rewards are all equal get 0. rloo and reinforce_pp: see
     training.grpo.advantages. With reflection_credit="round" the meta-thinker's reflect turns then get
-    their own advantages (round_advantages)."""
+    their own advantages (round_advantages); with "none", 0."""
     rows = [(ep, role) for ep in episodes for role in credited_roles(ep)]
     rewards = [ep.rewards[role] for ep, role in rows]
     keys = [(role, ep.task.id) for ep, role in rows]
@@ -51,6 +52,17 @@ def assign_advantages(
                 turn.advantage = advantage
     if reflection_credit == "round":
         round_advantages(episodes, scale=scale, kind=kind)
+    elif reflection_credit == "none":
+        for ep in episodes:
+            for turn in ep.turns:
+                if is_reflection(ep, turn):
+                    turn.advantage = 0.0
+
+
+def is_reflection(episode: Episode, turn: TurnRecord) -> bool:
+    """Whether `turn` of `episode` is one of its meta-thinker's reflections."""
+    role = episode.roles.get(turn.role)
+    return role is not None and role.kind == META_THINKER and turn.kind == REFLECT
 
 
 def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
@@ -61,13 +73,12 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
     for ep in episodes:
         graded = [(r.correct, r.verdict) for r in ep.rounds]
         for turn in ep.turns:
-            role = ep.roles.get(turn.role)
-            if role is None or role.kind != META_THINKER or turn.kind != REFLECT or not turn.completion_ids:
+            if not is_reflection(ep, turn) or not turn.completion_ids:
                 continue
             if turn.round >= len(graded):
                 continue  # the episode ended inside this reflection: it judged nothing
             rows.append(turn)
-            credits.append(round_reflection_reward(role.reward, graded, turn.round))
+            credits.append(round_reflection_reward(ep.roles[turn.role].reward, graded, turn.round))
             keys.append((turn.role, ep.task.id, REFLECT, turn.round))
     for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
         turn.advantage = advantage
@@ -90,15 +101,22 @@ def assign_gae(
     return returns
 
 
-def training_turns(episodes: Sequence[Episode]) -> list[Turn]:
+def training_turns(episodes: Sequence[Episode], *, reflections: bool = True) -> list[Turn]:
     """Every turn with a token to learn of the finished `episodes`, as the trainer's records, episode i
-    numbered i (the numbers tie a role's turns of one episode together)."""
-    return [turn for i, ep in enumerate(episodes) for turn in ep.training_turns(i)]
+    numbered i (the numbers tie a role's turns of one episode together); without `reflections`, not the
+    meta-thinker's reflect turns (grpo.reflection_credit=none)."""
+    return [
+        turn
+        for i, ep in enumerate(episodes)
+        for record, turn in zip(ep.learned_turns, ep.training_turns(i), strict=True)
+        if reflections or not is_reflection(ep, record)
+    ]
 
 
 def credit_metrics(turns: Sequence[Turn], trained: Sequence[Turn], roles: Sequence[str]) -> dict[str, float]:
     """Per role, over its turns of the rollout: mean reward, mean and mean absolute advantage, and
-    the share of turns no update learns from (zero-variance groups, filtered); the batch's turn counts."""
+    the share of turns no update learns from (zero-variance groups, filtered, and under
+    grpo.reflection_credit=none the meta-thinker's reflections); the batch's turn counts."""
     metrics = {"train/turns": float(len(turns)), "train/filtered_turns": float(len(turns) - len(trained))}
     for role in roles:
         mine = [t for t in turns if t.role == role]

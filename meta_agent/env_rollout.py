@@ -49,12 +49,13 @@ ACT = "act"  # the kind of an env turn in the traces
 
 def check_env_settings(algorithm: str, reflection_credit: str) -> None:
     """Refuse, in one line, what does not train on an env episode: it has no reflect turns or graded
-    rounds (grpo.reflection_credit=round), and preference pairs are mined from those (train.algorithm=dpo)."""
+    rounds (grpo.reflection_credit=round; none leaves out reflections it has none of), and preference
+    pairs are mined from those (train.algorithm=dpo)."""
     if algorithm != "grpo":
         raise SettingError(
             f"train.env trains with GRPO; train.algorithm={algorithm} mines no pair from an env"
         )
-    if reflection_credit != "episode":
+    if reflection_credit == "round":
         raise SettingError(
             f"train.env: grpo.reflection_credit={reflection_credit} credits graded rounds, which an env "
             "episode has none of; set grpo.reflection_credit=episode"

@@ -129,7 +129,9 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
                 value_update = assign_credit(cfg, trainer, episodes)
                 turns = training_turns(episodes)
                 trained = trainable_turns(
-                    turns, filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of
+                    training_turns(episodes, reflections=cfg.grpo.reflection_credit != "none"),
+                    filter_zero_variance=cfg.grpo.filter_zero_variance,
+                    by=cfg.grpo.zero_variance_of,
                 )
                 update = trainer.grpo_step(trained) | credit_metrics(turns, trained, system.backbone.adapters)
                 update |= value_update

@@ -34,7 +34,7 @@ FLAT = 1e-6  # rewards within this of each other count as equal: the group has n
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "gae")
 GROUP_ADVANTAGES = ADVANTAGES[:3]  # those taken from a group's rewards alone (gae needs value heads)
-REFLECTION_CREDITS = ("episode", "round")
+REFLECTION_CREDITS = ("episode", "round", "none")
 SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
 
 
@@ -53,6 +53,8 @@ class GRPOSettings:
     advantage: str = "grpo"
     # the meta-thinker's reflect turns: episode (the episode's advantage, as every turn) | round (each
     # reflection its own: roles.rewards.round_reflection_reward, normalised among the task's reflections)
+    # | none (not trained: advantage 0, left out of the update; where a reflection can change nothing the
+    # reward sees, as in one round with the memory off, the episode's credit is noise to it)
     reflection_credit: str = "episode"
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
     # which groups it drops: reward (its rewards all equal) | outcome (its episodes all right or all

@@ -70,6 +70,27 @@ def test_credit_metrics_count_the_turns_no_update_learns_from(episodes):
     assert metrics["role/executor/advantage_share_all_wrong"] == 0.0
 
 
+def test_reflection_credit_none_trains_no_reflection(episodes):
+    assign_advantages(episodes, reflection_credit="none")
+    # as above, task 0 = [1, 0, 1] -> +0.57735, -1.15470, +0.57735; task 1 alone -> 0; the reflections 0
+    expected = [0.57735, -1.15470, 0.57735, 0.0]
+    for ep, advantage in zip(episodes, expected, strict=True):
+        assert [t.kind for t in ep.turns] == ["plan", "execute", "reflect"]
+        assert [t.advantage for t in ep.turns] == pytest.approx([advantage, advantage, 0.0], abs=1e-5)
+    turns = training_turns(episodes)
+    assert len(turns) == 12 and turns[2].advantage == 0.0  # every turn still there for the metrics
+    learnable = training_turns(episodes, reflections=False)
+    assert [(t.episode, t.role) for t in learnable] == [
+        (i, role) for i in range(4) for role in ("meta_thinker", "executor")
+    ]
+    trained = trainable_turns(learnable, filter_zero_variance=True)
+    assert len(trained) == 6  # task 0's plans and executor turns; task 1's group of one is flat
+    metrics = credit_metrics(turns, trained, ["meta_thinker", "executor"])
+    assert metrics["train/filtered_turns"] == 6
+    assert metrics["role/meta_thinker/filtered_fraction"] == pytest.approx(1 - 3 / 8)  # 3 plans of 8 turns
+    assert metrics["role/executor/filtered_fraction"] == pytest.approx(1 - 3 / 4)
+
+
 def test_advantage_shares_say_how_much_signal_came_from_groups_without_an_outcome_spread():
     def turn(group, advantage, correct, role="meta_thinker"):
         return Turn(role, group, (1,), (2,), (1,), (0.0,), 0.0, advantage=advantage, correct=correct)

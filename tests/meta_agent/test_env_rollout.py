@@ -115,6 +115,7 @@ def test_env_maker_names_each_mistake_in_one_line():
         check_env_settings("dpo", "episode")
     with pytest.raises(SettingError, match="set grpo.reflection_credit=episode"):
         check_env_settings("grpo", "round")
+    check_env_settings("grpo", "none")  # an env episode has no reflection to leave out: as episode
     with pytest.raises(SettingError, match=r"train.env=nope: neither a built-in env \['feedback'\]"):
         env_maker("nope", {})
     with pytest.raises(SettingError, match="cannot load 'Missing' from 'meta_agent.env'"):

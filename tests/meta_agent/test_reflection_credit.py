@@ -85,6 +85,8 @@ def test_bad_advantage_settings_name_the_key():
         GRPOSettings(advantage="reinforce_pp")
     with pytest.raises(ValueError, match="grpo.reflection_credit must be one of"):
         GRPOSettings(reflection_credit="turn")
+    with pytest.raises(ValueError, match="set grpo.reflection_credit=episode with it"):
+        GRPOSettings(advantage="gae", filter_zero_variance=False, reflection_credit="none")
 
 
 def two_rounds(make_episode, fixed: bool):
@@ -123,6 +125,8 @@ def test_round_credit_needs_a_reflection_weight():
         load_config(["grpo.reflection_credit=round"])
     cfg = load_config(["grpo.reflection_credit=round", "roles.meta_thinker.reward.improvement_bonus=1"])
     assert cfg.roles["meta_thinker"].reward.improvement_bonus == 1.0
+    # none credits nothing, so it needs no weight
+    assert load_config(["grpo.reflection_credit=none"]).grpo.reflection_credit == "none"
 
 
 def test_gae_gives_each_turn_of_an_episode_its_own_advantage(make_episode):
@@ -161,3 +165,37 @@ def test_gae_settings_are_checked_with_the_config():
     assert cfg.value.lam == 0.9
     with pytest.raises(SettingError, match="model.fsdp=false"):
         load_config(["grpo.advantage=gae", "grpo.filter_zero_variance=false", "model.fsdp=true"])
+
+
+@pytest.mark.slow  # one GRPO step on the tiny model, about 15 s on a busy 2-core machine
+@pytest.mark.parametrize("credit", ["episode", "none"])
+def test_the_update_learns_from_reflections_unless_their_credit_is_none(
+    credit, tiny_model_dir, tmp_path, monkeypatch
+):
+    import json
+
+    from meta_agent.train import train
+    from tests.meta_agent.test_train_cli import TINY
+    from training.distributed import Ranks
+    from training.trainer import PolicyTrainer
+
+    updated = []
+    grpo_step = PolicyTrainer.grpo_step
+
+    def seen(self, turns):
+        updated.extend(turns)
+        return grpo_step(self, turns)
+
+    monkeypatch.setattr(PolicyTrainer, "grpo_step", seen)
+    run_dir = tmp_path / "run"
+    overrides = [f"model.path={tiny_model_dir}", *TINY, "train.steps=1", "train.eval_limit=0"]
+    cfg = load_config([*overrides, f"grpo.reflection_credit={credit}", f"run_dir={run_dir}"])
+    train(cfg, run_dir, Ranks())
+    episodes = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
+    kinds = [t["kind"] for ep in episodes for t in ep["turns"] if t["role"] == META_THINKER]
+    assert "reflect" in kinds  # the tiny model's episodes reach their reflections
+    # TINY keeps flat groups: every meta-thinker turn is trained, or every plan alone
+    learnt = kinds if credit == "episode" else [k for k in kinds if k == "plan"]
+    assert sum(t.role == META_THINKER for t in updated) == len(learnt)
+    reflect = [t["advantage"] for ep in episodes for t in ep["turns"] if t["kind"] == "reflect"]
+    assert credit == "episode" or reflect == [0.0] * len(reflect)
