@@ -2,8 +2,8 @@
 
     assign_advantages(episodes, scale=cfg.grpo.scale_advantages, kind=cfg.grpo.advantage,
                       reflection_credit=cfg.grpo.reflection_credit)   # onto every turn record
-    turns = trainable_turns(training_turns(episodes), filter_zero_variance=cfg.grpo.filter_zero_variance,
-                            by=cfg.grpo.zero_variance_of)
+    turns = trainable_turns(training_turns(episodes, reflections=cfg.grpo.reflection_credit != "none"),
+                            filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of)
 
 An episode gives each role one reward (roles.rewards); a role with several turns in an episode (plan
 and reflection) counts once in its group's statistics, and all its turns share the advantage, except

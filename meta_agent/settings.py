@@ -261,6 +261,16 @@ class Config:
                 "train.algorithm=dpo takes one optimizer step per rollout on one unsharded backbone: set "
                 "model.fsdp=false, train.updates_per_rollout=1 and train.minibatches=1"
             )
+        if (
+            self.train.algorithm == "dpo"
+            and self.grpo.reflection_credit == "none"
+            and "reflection" in self.dpo.pairs
+        ):
+            # DPO trains reflections through its own pairs, which grpo.reflection_credit does not reach
+            raise ValueError(
+                "grpo.reflection_credit=none leaves reflections out of GRPO's update; train.algorithm=dpo trains "
+                "them as dpo.pairs says: leave reflection out of dpo.pairs, e.g. dpo.pairs=[plan,execute]"
+            )
         if self.planner.name == "mcts" and not any(r.kind == META_THINKER for r in self.roles.values()):
             raise ValueError(
                 "planner.name=mcts searches over the meta-thinker's plans, and these roles have none: pick "

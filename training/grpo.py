@@ -53,8 +53,8 @@ class GRPOSettings:
     advantage: str = "grpo"
     # the meta-thinker's reflect turns: episode (the episode's advantage, as every turn) | round (each
     # reflection its own: roles.rewards.round_reflection_reward, normalised among the task's reflections)
-    # | none (not trained: advantage 0, left out of the update; where a reflection can change nothing the
-    # reward sees, as in one round with the memory off, the episode's credit is noise to it)
+    # | none (not trained by GRPO: advantage 0, left out of the update; where a reflection can change no
+    # answer, as in one round with the memory off, the episode's outcome is noise to it)
     reflection_credit: str = "episode"
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
     # which groups it drops: reward (its rewards all equal) | outcome (its episodes all right or all

@@ -125,8 +125,14 @@ def test_round_credit_needs_a_reflection_weight():
         load_config(["grpo.reflection_credit=round"])
     cfg = load_config(["grpo.reflection_credit=round", "roles.meta_thinker.reward.improvement_bonus=1"])
     assert cfg.roles["meta_thinker"].reward.improvement_bonus == 1.0
-    # none credits nothing, so it needs no weight
+    # none credits nothing, so it needs no weight; DPO trains reflections through dpo.pairs instead
     assert load_config(["grpo.reflection_credit=none"]).grpo.reflection_credit == "none"
+    with pytest.raises(
+        SettingError, match=r"leave reflection out of dpo.pairs, e.g. dpo.pairs=\[plan,execute\]"
+    ):
+        load_config(["grpo.reflection_credit=none", "train.algorithm=dpo"])
+    cfg = load_config(["grpo.reflection_credit=none", "train.algorithm=dpo", "dpo.pairs=[plan,execute]"])
+    assert cfg.dpo.pairs == ["plan", "execute"]
 
 
 def test_gae_gives_each_turn_of_an_episode_its_own_advantage(make_episode):
@@ -197,5 +203,3 @@ def test_the_update_learns_from_reflections_unless_their_credit_is_none(
     # TINY keeps flat groups: every meta-thinker turn is trained, or every plan alone
     learnt = kinds if credit == "episode" else [k for k in kinds if k == "plan"]
     assert sum(t.role == META_THINKER for t in updated) == len(learnt)
-    reflect = [t["advantage"] for ep in episodes for t in ep["turns"] if t["kind"] == "reflect"]
-    assert credit == "episode" or reflect == [0.0] * len(reflect)
