@@ -128,8 +128,10 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             if reference is None:  # GRPO: advantages within (role, task) groups, or against value heads
                 value_update = assign_credit(cfg, trainer, episodes)
                 turns = training_turns(episodes)
+                # grpo.reflection_credit=none: the same turns but the meta-thinker's reflections
+                left_out = cfg.grpo.reflection_credit == "none"
                 trained = trainable_turns(
-                    training_turns(episodes, reflections=cfg.grpo.reflection_credit != "none"),
+                    training_turns(episodes, reflections=False) if left_out else turns,
                     filter_zero_variance=cfg.grpo.filter_zero_variance,
                     by=cfg.grpo.zero_variance_of,
                 )
