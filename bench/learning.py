@@ -17,8 +17,8 @@ distract_hierarchy) is trained with `seed=<s>` as `meta-agent train` does it (ti
 experiment's wall time), then its single-agent experiment up to the same generated tokens, then one
 `meta-agent probe` of each adapter set (sft-best: before GRPO; the last checkpoint: after it) with two
 rounds allowed and the arms `no_reflection` (one round) and `no_plan`. The file is written after every
-part, so a stopped run keeps what it finished; seeds run before with the same overrides and the same
-resolved settings and code (`config_sha`, over the settings and `TRAINING_REVISION`: an edited experiment
+part, so a stopped run keeps what it finished; seeds run before with the same resolved settings and
+code, however the overrides spelled them (`config_sha`, over the settings and `TRAINING_REVISION`: an edited experiment
 yaml, or code that trains differently, is another experiment; a setting added later at the value
 that trains as before, NEUTRAL, is not part of it) are kept and summarised with the new ones (others:
 dropped, with a line saying so).
@@ -599,18 +599,19 @@ def reflection_task(summary: dict) -> dict:
 
 
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
-    """The section's per-seed records worth keeping: those of the same overrides and settings (its
-    `config_sha`; a record from before fingerprints cannot show it matches and is dropped). A seed about
-    to be rerun keeps its old record until the new one has its hierarchy's results (see latest_per_seed)."""
+    """The section's per-seed records worth keeping: those trained with the same settings, whatever the
+    overrides' spelling (their `config_sha`, the fingerprint of the resolved settings: an override that
+    sets a default's own value, or one the fingerprint leaves out, keeps the seeds; a record from before
+    fingerprints cannot show it matches and is dropped). A seed about to be rerun keeps its old record
+    until the new one has its hierarchy's results (see latest_per_seed)."""
     kept, dropped = [], []
     for record in old.get("per_seed", []):
-        same = record.get("overrides") == list(args.overrides) and record.get("config_sha") == args.config_sha
-        (kept if same else dropped).append(record)
+        (kept if record.get("config_sha") == args.config_sha else dropped).append(record)
     if dropped:
         print(
             f"note: dropping {args.task} seeds {[r.get('seed') for r in dropped]} of {args.out}: they ran "
-            f"with other overrides than {list(args.overrides)} or other settings than {args.config_sha} "
-            "(the experiment's yaml or training code changed, or they ran before fingerprints)",
+            f"with other settings than {args.config_sha} (other overrides than {list(args.overrides)} in "
+            "effect, the experiment's yaml or training code changed, or they ran before fingerprints)",
             flush=True,
         )
     return kept

@@ -121,12 +121,13 @@ def test_an_avx2_only_cpu_is_timed_apart_from_a_newer_one_held_to_avx2_kernels()
     assert meets(grpo_only)["hierarchy_seconds"] is None
 
 
-def test_seeds_of_other_overrides_or_about_to_rerun_are_not_kept(capsys, tmp_path):
+def test_seeds_of_other_settings_or_about_to_rerun_are_not_kept(capsys, tmp_path):
     old = {
         "per_seed": [
             record(0, 0.5, 0.6, config_sha="abc"),
-            record(1, 0.5, 0.6, config_sha="abc"),
-            record(2, 0.5, 0.6, overrides=["train.steps=6"], config_sha="abc"),
+            # the default's own value spelt out: the same settings, so the same fingerprint
+            record(1, 0.5, 0.6, overrides=["grpo.reflection_credit=episode"], config_sha="abc"),
+            record(2, 0.5, 0.6, overrides=["train.steps=6"], config_sha="six"),
         ]
     }
     old["per_seed"] += [record(3, 0.5, 0.6, config_sha="abc"), record(4, 0.5, 0.6, config_sha="old")]
@@ -187,11 +188,13 @@ def test_reflection_task_names_the_issues_keys_and_judges_its_targets():
 
 
 def test_the_fingerprint_follows_the_settings_not_the_seed():
-    """An edited setting is another experiment; the seed and the run folder are not part of it."""
+    """An edited setting is another experiment; the seed, the run folder and an override that sets a
+    default's own value are not part of it."""
     from bench.learning import settings_of
 
     same = settings_of("arith_hierarchy", [])
     assert settings_of("arith_hierarchy", ["seed=3", "run_dir=runs/x"]) == same
+    assert settings_of("arith_hierarchy", ["grpo.reflection_credit=episode"]) == same
     assert settings_of("arith_hierarchy", ["train.steps=5"])[1] != same[1]
     assert settings_of("arith_hierarchy", ["model.dtype=float32"])[0] == "float32"
 
