@@ -9,7 +9,8 @@ The two learning runs train the same experiment with the same seeds: the same SF
 demonstrations, the task order and the held-out problems), then the same number of rollouts of the same
 size, learnt from by GRPO in one and by the preference loss on pairs mined from the rollout's groups
 (`train.algorithm=dpo`, the `dpo:` settings) in the other. This reads both files' per-seed records and
-pairs a seed when its two runs had the same overrides but train.algorithm, computed in the same dtype,
+pairs a seed when its two runs had overrides that resolve to the same settings but train.algorithm (their
+fingerprints agree, however the overrides are spelt), computed in the same dtype,
 each trained with today's settings and code for its overrides (its record's `config_sha` is what
 bench.learning's fingerprint gives now: a run of an older default, or of older training code, is not
 today's experiment), both whole runs or both from the same recorded SFT (`--sft-from`), and reached the
@@ -80,8 +81,9 @@ def pair_seeds(
         own = [o for o in d.get("overrides", []) if o != DPO_OVERRIDE]
         if g is None:
             left_out.append(f"seed {seed}: no GRPO run")
-        elif own != g.get("overrides", []):
-            left_out.append(f"seed {seed}: overrides differ ({own} against {g.get('overrides', [])})")
+        elif fingerprint(tuple(own)) != fingerprint(tuple(g.get("overrides", []))):
+            # by the settings the overrides resolve to, not their spelling (as bench.learning keeps seeds)
+            left_out.append(f"seed {seed}: other settings ({own} against {g.get('overrides', [])})")
         elif d.get("dtype") != g.get("dtype"):
             left_out.append(f"seed {seed}: DPO computed in {d.get('dtype')}, GRPO in {g.get('dtype')}")
         elif why := stale(d, fingerprint):

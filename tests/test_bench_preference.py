@@ -51,9 +51,26 @@ def test_seeds_pair_only_when_trained_alike():
     assert [(r["grpo"], r["dpo"]) for r in rows] == [(0.4, 0.6), (0.7, 0.5)]
     assert [line.split(":")[0] for line in left_out] == ["seed 2", "seed 3", "seed 4", "seed 5"]
     assert "4 DPO steps against 2 GRPO steps" in left_out[3]
-    assert (
-        "SFT reached 0.250" in left_out[0] and "overrides differ" in left_out[1] and "no GRPO" in left_out[2]
-    )
+    assert "SFT reached 0.250" in left_out[0] and "other settings" in left_out[1] and "no GRPO" in left_out[2]
+
+
+def test_seeds_pair_by_the_settings_their_overrides_resolve_to_not_their_spelling():
+    """An override that sets a default's own value trains the same: the seeds pair. Overrides that
+    train otherwise do not, however alike they look."""
+    default_steps = "train.steps=4"
+
+    def resolved(overrides) -> str:
+        """A fingerprint of the resolved settings: the default's own value spelt out changes nothing."""
+        return sha([o for o in overrides if o != default_steps])
+
+    dpo_override = ["train.algorithm=dpo"]
+    grpo = [record(0, 0.5, 0.4, [default_steps]), record(1, 0.5, 0.4, ["train.steps=6"])]
+    dpo = [record(0, 0.5, 0.6, dpo_override), record(1, 0.5, 0.6, [*dpo_override, "train.steps=5"])]
+    grpo[0]["config_sha"] = resolved(grpo[0]["overrides"])
+    dpo[1]["config_sha"] = resolved(dpo[1]["overrides"])
+    rows, left_out = pair_seeds(grpo, dpo, resolved)
+    assert [(r["seed"], r["grpo"], r["dpo"]) for r in rows] == [(0, 0.4, 0.6)]
+    assert left_out == ["seed 1: other settings (['train.steps=5'] against ['train.steps=6'])"]
 
 
 def test_seeds_of_other_settings_code_or_dtype_are_left_out():
