@@ -213,6 +213,7 @@ NOT_TRAINED = ("train.eval_base",)
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
+    "grpo.kl_reference": "base",  # the KL to the backbone with adapters off, as before the setting
     "memory.internal": "truncate",  # the reflect prompts as they were
     "dpo": ("train.algorithm", "grpo"),  # the dpo: section is read only by train.algorithm=dpo
     "value": ("grpo.advantage", ("grpo", "rloo", "reinforce_pp")),  # read only by grpo.advantage=gae

@@ -289,6 +289,13 @@ class Config:
                 f"planner.name={self.planner.name} answers each problem once, from planner.simulations "
                 "episodes: set eval.samples=1 with it"
             )
+        if self.model.fsdp and self.grpo.beta > 0 and self.grpo.kl_reference == "start":
+            # The reference's pass swaps each role's adapter weights in place, which a sharded backbone
+            # holds in shards, and is a forward pass per micro-batch: not padded across ranks.
+            raise ValueError(
+                "grpo.kl_reference=start on a sharded backbone (model.fsdp=true) is not supported yet: use "
+                "model.fsdp=false with it, or grpo.kl_reference=base"
+            )
         if self.grpo.advantage == "gae" and self.model.fsdp:
             # The value pass is a forward pass per micro-batch, which a sharded backbone runs as a
             # collective: not padded across ranks as the update passes are.

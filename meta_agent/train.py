@@ -50,7 +50,9 @@ from training.run_log import RunLog
 from training.trainer import PolicyTrainer
 
 console = Console()
-REFERENCE_FILE = "dpo-reference.pt"  # in the checkpoints folder: the adapters the DPO stage began with
+# In the checkpoints folder: the adapters the stage began with, its loss's reference (DPO's; GRPO's KL with
+# grpo.kl_reference=start).
+REFERENCE_FILES = {"dpo": "dpo-reference.pt", "grpo": "kl-reference.pt"}
 
 
 @dataclass
@@ -119,13 +121,13 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
         trainer = policy_trainer(cfg, system, ranks)
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
-    reference = preference_reference(cfg, trainer, ckpt_root, ranks) if cfg.train.algorithm == "dpo" else None
+    reference = stage_reference(cfg, trainer, ckpt_root, ranks)
     with progress(ranks, cfg.train.steps, state.step) as advance:
         while state.step < cfg.train.steps and within_budget(cfg, state):
             started = time.perf_counter()
             episodes, empty_passes = rollout(cfg, system, pool, state, ranks, make_env)
             rollout_s = time.perf_counter() - started
-            if reference is None:  # GRPO: advantages within (role, task) groups, or against value heads
+            if cfg.train.algorithm == "grpo":  # advantages within (role, task) groups, or against value heads
                 value_update = assign_credit(cfg, trainer, episodes)
                 turns = training_turns(episodes)
                 # grpo.reflection_credit=none: the same turns but the meta-thinker's reflections
@@ -135,7 +137,8 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
                     filter_zero_variance=cfg.grpo.filter_zero_variance,
                     by=cfg.grpo.zero_variance_of,
                 )
-                update = trainer.grpo_step(trained) | credit_metrics(turns, trained, system.backbone.adapters)
+                update = trainer.grpo_step(trained, reference)
+                update |= credit_metrics(turns, trained, system.backbone.adapters)
                 update |= value_update
             else:  # DPO: pairs of the rollout's groups, against the adapters the stage began with
                 pairs = reference_scored(trainer, mine_pairs(episodes, cfg.dpo.pairs), reference, cfg.dpo)
@@ -252,18 +255,22 @@ def rollout(
     return episodes, empty_passes
 
 
-def preference_reference(
+def stage_reference(
     cfg: Config, trainer: PolicyTrainer, ckpt_root: Path, ranks: Ranks
-) -> dict[str, list[torch.Tensor]]:
-    """Every role's adapter weights as the DPO stage began (its loss's reference): taken now and kept in
-    the run's checkpoints folder, or, on resume, read back from there."""
-    path = ckpt_root / REFERENCE_FILE
+) -> dict[str, list[torch.Tensor]] | None:
+    """Every role's adapter weights as the stage began, where its loss is taken against them (DPO's
+    reference; with grpo.beta > 0 and grpo.kl_reference=start, GRPO's KL): taken now and kept in the run's
+    checkpoints folder, or, on resume, read back from there. None where the stage needs none."""
+    algorithm = cfg.train.algorithm
+    if algorithm == "grpo" and not (cfg.grpo.beta > 0 and cfg.grpo.kl_reference == "start"):
+        return None
+    setting = "train.algorithm=dpo" if algorithm == "dpo" else "grpo.kl_reference=start"
+    path = ckpt_root / REFERENCE_FILES[algorithm]
     if cfg.resume:
         if not path.is_file():
             raise SettingError(
-                f"train.algorithm=dpo resumes against the adapters its stage began with, and {path} is "
-                "missing: resume a run that trained with train.algorithm=dpo, or start a new run with "
-                "adapters=<that checkpoint>"
+                f"{setting} resumes against the adapters its stage began with, and {path} is missing: "
+                f"resume a run that trained with {setting}, or start a new run with adapters=<that checkpoint>"
             )
         reference = torch.load(path, map_location=trainer.accelerator.device, weights_only=True)
         if set(reference) != set(trainer.backbone.adapters):

@@ -27,6 +27,7 @@ class TurnBatch:
     old_logprobs: torch.Tensor  # [B, K] rollout logprobs (0 where loss_mask is 0)
     episode_ids: torch.Tensor  # [B]
     policy_logprobs: torch.Tensor | None = None  # [B, K] Turn.policy_logprobs, when every turn has them
+    ref_logprobs: torch.Tensor | None = None  # [B, K] Turn.ref_logprobs, when every turn has them
 
     @property
     def completion_len(self) -> int:
@@ -73,11 +74,8 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
         mask[i, k - c :] = torch.tensor(t.loss_mask, dtype=torch.float32)
         old[i, k - c :] = torch.tensor(t.logprobs, dtype=torch.float32)
     episodes = torch.tensor([t.episode for t in turns], dtype=torch.long)
-    policy = None
-    if all(t.policy_logprobs is not None for t in turns):
-        policy = torch.zeros((b, k), dtype=torch.float32)
-        for i, t in enumerate(turns):
-            policy[i, k - len(t.completion_ids) :] = torch.tensor(t.policy_logprobs, dtype=torch.float32)
+    policy = _right_aligned([t.policy_logprobs for t in turns], k)
+    ref = _right_aligned([t.ref_logprobs for t in turns], k)
     to = torch.device(device)
     return TurnBatch(
         inputs["input_ids"].to(to),
@@ -88,7 +86,19 @@ def collate(turns: Sequence[Turn], pad_id: int, device: torch.device | str = "cp
         old.to(to),
         episodes.to(to),
         None if policy is None else policy.to(to),
+        None if ref is None else ref.to(to),
     )
+
+
+def _right_aligned(rows: Sequence[Sequence[float] | None], k: int) -> torch.Tensor | None:
+    """Per-token values of each turn's completion, left-padded with 0 to `k` as collate pads the
+    completions, [B, K]; None unless every turn has them."""
+    if any(r is None for r in rows):
+        return None
+    out = torch.zeros((len(rows), k), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, k - len(r) :] = torch.tensor(r, dtype=torch.float32)
+    return out
 
 
 def completion_logits(

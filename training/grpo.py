@@ -36,6 +36,7 @@ ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "gae")
 GROUP_ADVANTAGES = ADVANTAGES[:3]  # those taken from a group's rewards alone (gae needs value heads)
 REFLECTION_CREDITS = ("episode", "round", "none")
 SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
+KL_REFERENCES = ("base", "start")  # what grpo.beta's KL pulls toward
 
 
 @dataclass
@@ -44,7 +45,12 @@ class GRPOSettings:
 
     eps_low: float = 0.2  # ratio clipped below at 1 - eps_low (PPO's epsilon)
     eps_high: float = 0.28  # ratio clipped above at 1 + eps_high; > eps_low leaves room to explore (DAPO)
-    beta: float = 0.0  # weight of the k3 KL to the reference (adapters off); 0 skips the reference pass
+    beta: float = 0.0  # weight of the k3 KL to the reference (kl_reference); 0 skips the reference pass
+    # the KL's reference: base (the backbone with every adapter switched off: free, but after SFT it is the
+    # policy before the warm start, which on a generated task scores 0) | start (each role's adapter as the
+    # GRPO stage began, its SFT result: the reference of InstructGPT and verl; one more forward pass of
+    # every trained turn a step, kept in the checkpoints folder so that resume= goes on against it)
+    kl_reference: str = "base"
     ratio_level: str = "token"  # "token", "turn" (GSPO over one turn) or "sequence" (over the episode)
     aggregation: str = "token-mean"  # "token-mean", "seq-mean-token-mean" or "dr-grpo"
     scale_advantages: bool = True  # divide by the group's std; False is Dr.GRPO's unscaled advantage
@@ -72,6 +78,8 @@ class GRPOSettings:
             raise ValueError(f"grpo.eps_high must be >= 0, got {self.eps_high}")
         if self.beta < 0.0:
             raise ValueError(f"grpo.beta must be >= 0, got {self.beta}")
+        if self.kl_reference not in KL_REFERENCES:
+            raise ValueError(f"grpo.kl_reference must be one of {KL_REFERENCES}, got {self.kl_reference!r}")
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(f"grpo.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
         if self.aggregation not in AGGREGATIONS:

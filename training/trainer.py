@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -125,11 +125,17 @@ class PolicyTrainer:
 
     # ---- GRPO --------------------------------------------------------------------------------
 
-    def grpo_step(self, turns: Sequence[Turn]) -> dict[str, float]:
+    def grpo_step(
+        self, turns: Sequence[Turn], reference: Mapping[str, Sequence[torch.Tensor]] | None = None
+    ) -> dict[str, float]:
         """The updates of one rollout batch: `train.updates_per_rollout` passes over `turns` (each carrying
         its advantage, see training.grpo.trainable_turns), each pass in `train.minibatches` optimizer
         steps. Returns "role/<name>/<metric>" and "train/<metric>" metrics: the mean over the updates, and
-        the clip fraction and ratio of the first update and of the later ones apart."""
+        the clip fraction and ratio of the first update and of the later ones apart. `reference`: each
+        role's adapter weights (snapshot()) that grpo.beta's KL pulls toward (grpo.kl_reference=start);
+        None: the backbone with its adapters off."""
+        if reference is not None and self.grpo.beta > 0:
+            turns = self._with_reference_logprobs(turns, reference)
         passes, parts = self.update.updates_per_rollout, self.update.minibatches
         if passes * parts == 1:
             return self._grpo_update(turns)
@@ -144,7 +150,28 @@ class PolicyTrainer:
         return merge_updates(updates)
 
     def _with_policy_logprobs(self, turns: Sequence[Turn]) -> list[Turn]:
-        """`turns` with Turn.policy_logprobs: this policy's logprobs now, before any update."""
+        """`turns` with Turn.policy_logprobs: this policy's logprobs now, before any update (role by role)."""
+        return [replace(t, policy_logprobs=row) for t, row in self._completion_logprobs(turns)]
+
+    def _with_reference_logprobs(
+        self, turns: Sequence[Turn], reference: Mapping[str, Sequence[torch.Tensor]]
+    ) -> list[Turn]:
+        """`turns`, in their order, with Turn.ref_logprobs: their logprobs under `reference` (each role's
+        adapter weights), taken before any pass with gradient, as the weights are swapped in place."""
+        if self.backbone.sharded:
+            raise ValueError(
+                "grpo.kl_reference=start on a sharded backbone (model.fsdp) is not supported yet: use "
+                "grpo.kl_reference=base there"
+            )
+        with ExitStack() as stack:
+            for role, weights in reference.items():
+                stack.enter_context(self.weights(role, weights))
+            rows = {id(t): row for t, row in self._completion_logprobs(turns)}
+        return [replace(t, ref_logprobs=rows[id(t)]) for t in turns]
+
+    def _completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[Turn, tuple[float, ...]]]:
+        """Each turn with the per-token logprobs of its completion under its role's adapter as it is now,
+        at the role's temperature, 0 where its loss mask is 0; no gradient. Role by role, in adapter order."""
         out = []
         for role in self.backbone.adapters:
             own = [t for t in turns if t.role == role]
@@ -164,7 +191,7 @@ class PolicyTrainer:
                         logprobs[i, k - len(t.completion_ids) :]
                         * batch.loss_mask[i, k - len(t.completion_ids) :]
                     )
-                    out.append(replace(t, policy_logprobs=tuple(float(x) for x in row)))
+                    out.append((t, tuple(float(x) for x in row)))
         return out
 
     def _grpo_update(self, turns: Sequence[Turn]) -> dict[str, float]:
@@ -245,8 +272,8 @@ class PolicyTrainer:
                 continue
             advantages = torch.tensor([t.advantage for t in chunk], device=batch.targets.device)
             logprobs = token_logprobs(logits, batch.targets, temperature)
-            ref = None
-            if g.beta > 0:  # the whole turns: without adapters the prefix's states are other ones
+            ref = batch.ref_logprobs  # taken before the step (grpo.kl_reference=start), or:
+            if g.beta > 0 and ref is None:  # the whole turns: without adapters the prefix's states differ
                 ref = self._reference_logprobs(
                     collate(chunk, self.backbone.pad_id, batch.targets.device), temperature
                 )
@@ -353,7 +380,7 @@ class PolicyTrainer:
         return {"train/prefix_tokens_saved": counts["saved"] / counts["total"]}
 
     def _reference_logprobs(self, batch: TurnBatch, temperature: float) -> torch.Tensor:
-        """The KL reference is free: the same backbone with every adapter switched off."""
+        """The KL reference of grpo.kl_reference=base is free: the same backbone with every adapter off."""
         with torch.no_grad(), self.backbone.disabled_adapters():
             return token_logprobs(completion_logits(self.model, batch), batch.targets, temperature)
 

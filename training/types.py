@@ -82,6 +82,10 @@ class Turn:
     # (filled by PolicyTrainer with train.updates_per_rollout or train.minibatches above 1 and TIS on):
     # the "old" policy of every later update's ratio. None: one update, whose old policy is itself.
     policy_logprobs: tuple[float, ...] | None = None
+    # The KL reference's logprobs of the completion (grpo.kl_reference=start: under the adapters the GRPO
+    # stage began with; filled by PolicyTrainer before the step's first update); 0.0 where loss_mask is 0.
+    # None: the trainer takes them from the backbone with its adapters off, micro-batch by micro-batch.
+    ref_logprobs: tuple[float, ...] | None = None
 
 
 class GenerationBackend(Protocol):

@@ -106,7 +106,7 @@ def test_a_resumed_dpo_stage_scores_against_the_adapters_it_began_with(tokenizer
     import torch
 
     from meta_agent.errors import SettingError
-    from meta_agent.train import REFERENCE_FILE, preference_reference
+    from meta_agent.train import REFERENCE_FILES, stage_reference
     from tests.tiny_model import build_tiny_backbone
     from training.backbone import AdapterConfig
     from training.distributed import Ranks
@@ -117,17 +117,18 @@ def test_a_resumed_dpo_stage_scores_against_the_adapters_it_began_with(tokenizer
         tokenizer, {r: AdapterConfig(r=4, alpha=8) for r in roles}, seed=0, lora_b_std=0.05
     )
     trainer = PolicyTrainer(backbone, dict.fromkeys(roles, 5e-3))
-    began = preference_reference(SimpleNamespace(resume=None), trainer, tmp_path, Ranks())
-    assert (tmp_path / REFERENCE_FILE).is_file()
+    dpo = SimpleNamespace(algorithm="dpo")
+    began = stage_reference(SimpleNamespace(resume=None, train=dpo), trainer, tmp_path, Ranks())
+    assert (tmp_path / REFERENCE_FILES["dpo"]).is_file()
     with torch.no_grad():  # the stage trains on: the adapters move away from where it began
         for p in backbone.trainable_parameters("executor"):
             p.add_(0.5)
-    again = preference_reference(SimpleNamespace(resume="runs/x"), trainer, tmp_path, Ranks())
+    again = stage_reference(SimpleNamespace(resume="runs/x", train=dpo), trainer, tmp_path, Ranks())
     for role in roles:
         assert all(torch.equal(a, b) for a, b in zip(again[role], began[role], strict=True))
     assert not torch.equal(again["executor"][0], backbone.trainable_parameters("executor")[0])
     with pytest.raises(SettingError, match="is missing"):
-        preference_reference(SimpleNamespace(resume="runs/x"), trainer, tmp_path / "other", Ranks())
+        stage_reference(SimpleNamespace(resume="runs/x", train=dpo), trainer, tmp_path / "other", Ranks())
 
 
 def test_dpo_refuses_what_it_does_not_support_before_anything_loads():

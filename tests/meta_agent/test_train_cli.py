@@ -105,6 +105,28 @@ def test_dpo_trains_on_pairs_of_each_rollout_and_resumes_against_its_reference(t
     assert wrong.returncode == 2 and "was trained with train.algorithm=grpo" in wrong.stdout
 
 
+@pytest.mark.slow  # three short runs, about 60 s
+def test_grpo_with_a_kl_to_its_start_keeps_the_start_and_resumes_against_it(tiny_model_dir, tmp_path):
+    """grpo.kl_reference=start: the first step's KL is 0 (the policy is the reference), the adapters the
+    stage began with are kept in the checkpoints folder, a resumed run reads them back, and a run that
+    never kept them is refused on resume with one line."""
+    run_dir = tmp_path / "run"
+    common = [f"model.path={tiny_model_dir}", *TINY, "memory.enabled=false", "train.checkpoint_every=1"]
+    kl = ["grpo.beta=0.1", "grpo.kl_reference=start"]
+    proc = run_cli("train", *common, *kl, "train.steps=1", f"run_dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert (run_dir / "checkpoints" / "kl-reference.pt").is_file()
+    resumed = run_cli("train", *common, *kl, "train.steps=2", f"resume={run_dir}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kls = {r["step"]: r["role/executor/kl"] for r in rows if "role/executor/kl" in r}
+    assert kls[1] == pytest.approx(0.0, abs=1e-6) and set(kls) == {1, 2}
+    plain = tmp_path / "plain"
+    assert run_cli("train", *common, "train.steps=1", f"run_dir={plain}", cwd=tmp_path).returncode == 0
+    wrong = run_cli("train", *common, *kl, "train.steps=2", f"resume={plain}", cwd=tmp_path)
+    assert wrong.returncode == 2 and "grpo.kl_reference=start resumes against" in wrong.stdout
+
+
 @pytest.mark.slow
 def test_sft_stage_runs_from_generated_demonstrations(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
