@@ -200,8 +200,8 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
 
 
 def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
-    """train.algorithm, grpo.zero_variance_of, memory.internal, protocol.number_check, train.env,
-    custom_tasks and the dpo: and value: sections came after the default
+    """train.algorithm, grpo.zero_variance_of, grpo.kl_reference, memory.internal, protocol.number_check,
+    train.env, custom_tasks and the dpo: and value: sections came after the default
     experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
     them."""
     from bench.learning import NEUTRAL, settings_of, without_neutral
@@ -231,6 +231,11 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     settings["grpo"]["advantage"] = "grpo"
     assert without_neutral(settings) == {"train": {"steps": 4}, "grpo": {"advantage": "grpo"}}
     assert settings_of("arith_hierarchy", ["memory.internal=truncate"]) == same  # the prompts as they were
+    # grpo.kl_reference came later: base is the KL every run had before; start is another experiment
+    assert settings_of("arith_hierarchy", ["grpo.kl_reference=base"]) == same
+    kl = settings_of("arith_hierarchy", ["grpo.beta=0.1"])
+    assert settings_of("arith_hierarchy", ["grpo.beta=0.1", "grpo.kl_reference=base"]) == kl
+    assert settings_of("arith_hierarchy", ["grpo.beta=0.1", "grpo.kl_reference=start"])[1] != kl[1]
     assert settings_of("arith_hierarchy", ["memory.internal=summary"])[1] != same[1]
     # protocol.number_check and train.env (with its env_args) came later still: off, the prompts and the
     # episode are as they were
@@ -256,6 +261,7 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     assert set(NEUTRAL) == {
         "train.algorithm",
         "grpo.zero_variance_of",
+        "grpo.kl_reference",
         "dpo",
         "value",
         "memory.internal",

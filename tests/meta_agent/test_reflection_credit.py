@@ -188,9 +188,9 @@ def test_the_update_learns_from_reflections_unless_their_credit_is_none(
     updated = []
     grpo_step = PolicyTrainer.grpo_step
 
-    def seen(self, turns):
+    def seen(self, turns, reference=None):
         updated.extend(turns)
-        return grpo_step(self, turns)
+        return grpo_step(self, turns, reference)
 
     monkeypatch.setattr(PolicyTrainer, "grpo_step", seen)
     run_dir = tmp_path / "run"

@@ -211,7 +211,7 @@ def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, m
     close = System.close
     monkeypatch.setattr(System, "close", lambda self: (closed.append(self), close(self))[1])
 
-    def fail(self, turns):
+    def fail(self, turns, reference=None):
         raise RuntimeError("a step that fails")
 
     monkeypatch.setattr(PolicyTrainer, "grpo_step", fail)
