@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -293,9 +293,7 @@ def reference_scored(
     if not settings.needs_reference or not pairs:
         return pairs
     turns = [t for pair in pairs for t in (pair.chosen, pair.rejected)]
-    with ExitStack() as stack:
-        for role, weights in reference.items():
-            stack.enter_context(trainer.weights(role, weights))
+    with trainer.all_weights(reference):
         logps = trainer.sequence_logprobs(turns)
     return [
         replace(pair, ref_chosen=logps[2 * k], ref_rejected=logps[2 * k + 1]) for k, pair in enumerate(pairs)

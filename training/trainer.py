@@ -163,9 +163,7 @@ class PolicyTrainer:
                 "grpo.kl_reference=start on a sharded backbone (model.fsdp) is not supported yet: use "
                 "grpo.kl_reference=base there"
             )
-        with ExitStack() as stack:
-            for role, weights in reference.items():
-                stack.enter_context(self.weights(role, weights))
+        with self.all_weights(reference):
             rows = {id(t): row for t, row in self._completion_logprobs(turns)}
         return [replace(t, ref_logprobs=rows[id(t)]) for t in turns]
 
@@ -520,6 +518,14 @@ class PolicyTrainer:
             with torch.no_grad():
                 for p, w in zip(params, own, strict=True):
                     p.copy_(w)
+
+    @contextmanager
+    def all_weights(self, snapshots: Mapping[str, Sequence[torch.Tensor]]) -> Iterator[None]:
+        """Each role of `snapshots` holds its snapshot inside the block (weights()), its own weights after it."""
+        with ExitStack() as stack:
+            for role, snapshot in snapshots.items():
+                stack.enter_context(self.weights(role, snapshot))
+            yield
 
     def preference_step(
         self, pairs: Sequence[PreferencePair], settings: PreferenceSettings
