@@ -42,7 +42,7 @@ MISTAKES = ("distractor", "operation")
 # With reflections written as one check (sft.source=arith_distract_check) a third: the plan leaves out a
 # step. In seed 0's probe after SFT on the checks, 25 of 30 wrong answers had a plan that left out a number
 # the question needs. (As a third mistake of the default reflections, whose openings differ by mistake, one
-# more opening made the accepting one the likeliest: README, "Measured: does it learn?"; the checks all
+# more opening made the accepting one the likeliest: docs/LEARNING.md; the checks all
 # open alike.)
 CHECK_MISTAKES = (*MISTAKES, "missing")
 # ... drawn twice as often as each of the others: a step left out is what the trained hierarchy gets wrong
