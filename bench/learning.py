@@ -27,7 +27,8 @@ Writes bench/results/learning.json; the default task at its top level, the refle
 `reflection_task` section (a run of one keeps the other):
 - `per_seed`: each seed's accuracies, seconds, dtype, generated tokens, probe summaries and
   `grpo_per_step` (rollout accuracy, the share of turns filtered for want of signal, seconds); with
-  --sft-from its `sft_from` (the file, the run whose sft-best GRPO started from, that seed's config_sha),
+  --sft-from its `sft_from` (the file, the run whose sft-best GRPO started from, that seed's config_sha
+  and its GRPO accuracy from that SFT, `grpo`),
   `seconds` None and `grpo_seconds`; with --reuse-hierarchy `added_later` (per part measured later, the
   machine and dtype it ran on);
 - `seeds`, and the means over them of `base` (over the seeds that evaluated the untrained policy:
@@ -35,7 +36,8 @@ Writes bench/results/learning.json; the default task at its top level, the refle
   paired over the seeds with a `base` (its target is judged on it, not on the two means);
 - `grpo_minus_sft_{mean,ci_low,ci_high}` and `hierarchy_minus_single_{mean,ci_low,ci_high}`: differences
   paired by seed (a seed fixes the SFT data, the task order and the held-out problems), 95% Student's t
-  intervals (none for one seed);
+  intervals (none for one seed); with --sft-from also `grpo_minus_source_grpo_{mean,ci_low,ci_high}`, the
+  variant's GRPO minus the source's GRPO from the same SFT;
 - `probes`: per stage the mean self-correction, revise recall and precision, and each arm's mean
   difference from the unmodified hierarchy with its interval over seeds;
 - `hierarchy_seconds_float32` and `hierarchy_seconds_bfloat16` (the dtype the backbone computed in,
@@ -346,6 +348,9 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
                 "file": str(args.sft_from),
                 "run": str(sft_best_of(source).parents[1]),  # the run that trained it (a chain's first)
                 "config_sha": source["config_sha"],
+                "grpo": source[
+                    "grpo"
+                ],  # the source's own GRPO from this SFT: what the variant is paired with
             },
             "seconds": None,  # not the experiment's time: it had no SFT stage
             "grpo_seconds": round(seconds, 1),
@@ -407,6 +412,7 @@ def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
             f"--sft-from {args.sft_from}: its seeds trained {held}, not --task {args.task}'s {experiment}"
         )
     by_seed = {r["seed"]: r for r in latest_per_seed(section.get("per_seed", []))}
+    args.source_records = by_seed  # every seed's: main fills kept records' sft_from.grpo from them
     for seed in args.seeds:
         if seed not in by_seed or not sft_best_of(by_seed[seed]).is_dir():
             where = sft_best_of(by_seed[seed]) if seed in by_seed else "the file has no such seed"
@@ -512,6 +518,10 @@ def summarize(per_seed: Sequence[dict]) -> dict:
     )
     out |= interval_keys("grpo_minus_sft", [r["grpo"] - r["sft"] for r in trained])
     out |= interval_keys("hierarchy_minus_single", [r["grpo"] - r["single_agent_grpo"] for r in both])
+    # A GRPO variant from recorded SFT (--sft-from) against the source's own GRPO from the same SFT.
+    paired = [r for r in trained if (r.get("sft_from") or {}).get("grpo") is not None]
+    if paired:
+        out |= interval_keys("grpo_minus_source_grpo", [r["grpo"] - r["sft_from"]["grpo"] for r in paired])
     # Seeds may come from CPUs of both kinds; a kind none ran on is None, so the file says it is missing.
     for dtype in sorted({"bfloat16", "float32"} | {r["dtype"] for r in trained}):
         out[f"hierarchy_seconds_{dtype}"] = mean_of([r["seconds"] for r in trained if r["dtype"] == dtype])
@@ -618,6 +628,17 @@ def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
     return kept
 
 
+def with_source_grpo(records: Sequence[dict], sources: dict[int, dict]) -> None:
+    """Records made from recorded SFT before they kept their source's GRPO score (`sft_from.grpo`) take it
+    from the source's record of their seed, where that record's SFT is the one they started from."""
+    for record in records:
+        source, made_from = sources.get(record.get("seed")), record.get("sft_from")
+        if made_from is None or "grpo" in made_from or source is None or "grpo" not in source:
+            continue
+        if str(sft_best_of(source).parents[1]) == made_from["run"]:
+            made_from["grpo"] = source["grpo"]
+
+
 def latest_per_seed(records: Sequence[dict]) -> list[dict]:
     """One record per seed, the last one that has results (an empty record: its run has not got far)."""
     by_seed: dict[int, dict] = {}
@@ -657,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
         args.config_sha = f"{args.config_sha}{SFT_FROM}{source_sha}"
     per_seed = kept_seeds(section_old, args)
+    with_source_grpo(per_seed, getattr(args, "source_records", {}))
     args.kept = list(per_seed)
     result: dict = {}
 

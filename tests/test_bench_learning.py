@@ -479,7 +479,12 @@ def test_sft_from_starts_each_seeds_grpo_from_the_recorded_seeds_sft(monkeypatch
     assert ran[0][1][-3:] == [f"adapters={sft_best}", "sft.enabled=false", "train.eval_base=true"]
     assert (got["base"], got["sft"], got["grpo"]) == (0.0, 0.4375, 0.5)
     assert got["seconds"] is None and got["grpo_seconds"] == 600.0
-    assert got["sft_from"] == {"file": str(source), "run": str(source_run), "config_sha": "f60"}
+    assert got["sft_from"] == {
+        "file": str(source),
+        "run": str(source_run),
+        "config_sha": "f60",
+        "grpo": 0.6667,
+    }
     assert probed == [sft_best, Path(got["run"]) / "checkpoints" / "step-000004"]
     assert summarize([got])["hierarchy_seconds_bfloat16"] is None  # not a whole run's time
     # the variant's file as a source: GRPO starts from the first run's sft-best again
@@ -487,6 +492,36 @@ def test_sft_from_starts_each_seeds_grpo_from_the_recorded_seeds_sft(monkeypatch
     chained = parse_args(["--seeds", "1", "--sft-from", str(tmp_path / "variant.json")])
     assert learning.sft_sources(chained)[0][1]["sft_from"]["run"] == str(source_run)
     assert learning.sft_best_of(learning.sft_sources(chained)[0][1]) == sft_best
+
+
+def test_a_variant_from_recorded_sft_is_paired_with_the_sources_own_grpo():
+    """Variant minus source GRPO: 0.6 - 0.4 = 0.2 and 0.5 - 0.6 = -0.1; mean 0.05, sd 0.2121, se 0.15,
+    t(1) = 12.706: [-1.8559, 1.9559]. Whole runs (no sft_from) have no such keys."""
+    made = [
+        record(1, 0.5, 0.6, sft_from={"file": "f", "run": "r1", "config_sha": "c", "grpo": 0.4}),
+        record(2, 0.5, 0.5, sft_from={"file": "f", "run": "r2", "config_sha": "c", "grpo": 0.6}),
+    ]
+    got = summarize(made)
+    assert got["grpo_minus_source_grpo_mean"] == pytest.approx(0.05)
+    assert (got["grpo_minus_source_grpo_ci_low"], got["grpo_minus_source_grpo_ci_high"]) == (-1.8559, 1.9559)
+    assert "grpo_minus_source_grpo_mean" not in summarize([record(1, 0.5, 0.6)])
+
+
+def test_records_from_before_the_source_grpo_was_kept_take_it_from_the_source(tmp_path):
+    """A kept --sft-from record without sft_from.grpo takes the source's record's GRPO where that record
+    trained the SFT it started from; a record from another run's SFT, or one that has it, is left as is."""
+    import bench.learning as learning
+
+    sources = {1: record(1, 0.5, 0.625, run="runs/a"), 2: record(2, 0.5, 0.75, run="runs/b")}
+    old = [
+        record(1, 0.5, 0.6, sft_from={"file": "f", "run": "runs/a", "config_sha": "c"}),
+        record(2, 0.5, 0.6, sft_from={"file": "f", "run": "runs/other", "config_sha": "c"}),
+        record(3, 0.5, 0.6, sft_from={"file": "f", "run": "runs/c", "config_sha": "c"}),
+        record(4, 0.5, 0.6),
+    ]
+    learning.with_source_grpo(old, sources)
+    assert old[0]["sft_from"]["grpo"] == 0.625
+    assert "grpo" not in old[1]["sft_from"] and "grpo" not in old[2]["sft_from"] and "sft_from" not in old[3]
 
 
 @pytest.mark.parametrize(
