@@ -185,7 +185,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # reflection task's in RESULTS
     own = {"reflection_check": CHECK_RESULTS, "reflection_numbers": NUMBERS_RESULTS}
     args.out = args.out or own.get(args.task, RESULTS)
-    args.kept, args.sft_sources = [], {}  # main fills them: the file's seeds, --sft-from's records
+    # main fills them: the file's seeds, --sft-from's records of --seeds and of every seed
+    args.kept, args.sft_sources, args.source_records = [], {}, {}
     return args
 
 
@@ -348,9 +349,8 @@ def seed_run(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
                 "file": str(args.sft_from),
                 "run": str(sft_best_of(source).parents[1]),  # the run that trained it (a chain's first)
                 "config_sha": source["config_sha"],
-                "grpo": source[
-                    "grpo"
-                ],  # the source's own GRPO from this SFT: what the variant is paired with
+                # the source's own GRPO from this SFT: what the variant is paired with
+                "grpo": source["grpo"],
             },
             "seconds": None,  # not the experiment's time: it had no SFT stage
             "grpo_seconds": round(seconds, 1),
@@ -678,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
         args.config_sha = f"{args.config_sha}{SFT_FROM}{source_sha}"
     per_seed = kept_seeds(section_old, args)
-    with_source_grpo(per_seed, getattr(args, "source_records", {}))
+    with_source_grpo(per_seed, args.source_records)
     args.kept = list(per_seed)
     result: dict = {}
 

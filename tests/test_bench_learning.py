@@ -524,6 +524,45 @@ def test_records_from_before_the_source_grpo_was_kept_take_it_from_the_source(tm
     assert "grpo" not in old[1]["sft_from"] and "grpo" not in old[2]["sft_from"] and "sft_from" not in old[3]
 
 
+def test_main_pairs_new_and_kept_variant_seeds_with_their_sources_grpo(monkeypatch, tmp_path):
+    """main with --sft-from: the file's seed 1, made before records kept `sft_from.grpo`, takes it from the
+    source's record of the same SFT; the new seed 2 keeps it; grpo_minus_source_grpo_* pair both (the
+    fake runs score 0.5): -0.125 and -0.25, mean -0.1875, sd 0.0884, se 0.0625, t(1) = 12.706: [-0.9816,
+    0.6066]."""
+    import bench.learning as learning
+
+    fake_runs(monkeypatch, tmp_path, before=0.5)
+    monkeypatch.setattr(learning, "settings_of", lambda experiment, overrides: ("bfloat16", "abc"))
+    runs = {seed: finished_run(tmp_path / f"source-seed{seed}") for seed in (1, 2)}
+    source = tmp_path / "learning.json"
+    source.write_text(
+        json.dumps(
+            {
+                "per_seed": [
+                    record(seed, 0.5, grpo, run=str(runs[seed]), config_sha="f60")
+                    for seed, grpo in ((1, 0.625), (2, 0.75))
+                ]
+            }
+        )
+    )
+    made_before = record(
+        1,
+        0.5,
+        0.5,
+        run=str(tmp_path / "variant-seed1"),
+        config_sha=f"abc{learning.SFT_FROM}f60",
+        sft_from={"file": str(source), "run": str(runs[1]), "config_sha": "f60"},
+    )
+    out = tmp_path / "variant.json"
+    out.write_text(json.dumps({"per_seed": [made_before]}))
+    argv = ["--seeds", "2", "--no-single", "--probe-limit", "0", "--sft-from", str(source), "--out", str(out)]
+    learning.main(argv)
+    got = json.loads(out.read_text())
+    assert [r["sft_from"]["grpo"] for r in got["per_seed"]] == [0.625, 0.75]
+    assert got["grpo_minus_source_grpo_mean"] == pytest.approx(-0.1875)
+    assert (got["grpo_minus_source_grpo_ci_low"], got["grpo_minus_source_grpo_ci_high"]) == (-0.9816, 0.6066)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
