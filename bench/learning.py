@@ -185,8 +185,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # reflection task's in RESULTS
     own = {"reflection_check": CHECK_RESULTS, "reflection_numbers": NUMBERS_RESULTS}
     args.out = args.out or own.get(args.task, RESULTS)
-    # main fills them: the file's seeds, --sft-from's records of --seeds and of every seed
-    args.kept, args.sft_sources, args.source_records = [], {}, {}
+    args.kept, args.sft_sources = [], {}  # main fills them: the file's seeds, --sft-from's records
     return args
 
 
@@ -389,8 +388,8 @@ def sft_best_of(record: dict) -> Path:
 
 
 def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
-    """With --sft-from, that file's record of each of --seeds (the task's section), whose sft-best GRPO
-    starts from, and the records' config_sha; without it ({}, None). A file that is not this task's, a
+    """With --sft-from, that file's record of each seed (the task's section; a seed of --seeds starts GRPO
+    from its sft-best, a kept record takes its GRPO score) and --seeds' config_sha; without it ({}, None). A file that is not this task's, a
     seed it lacks or whose sft-best is not here, or seeds of several settings stop the bench with one
     line, before any run."""
     if args.sft_from is None:
@@ -412,7 +411,6 @@ def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
             f"--sft-from {args.sft_from}: its seeds trained {held}, not --task {args.task}'s {experiment}"
         )
     by_seed = {r["seed"]: r for r in latest_per_seed(section.get("per_seed", []))}
-    args.source_records = by_seed  # every seed's: main fills kept records' sft_from.grpo from them
     for seed in args.seeds:
         if seed not in by_seed or not sft_best_of(by_seed[seed]).is_dir():
             where = sft_best_of(by_seed[seed]) if seed in by_seed else "the file has no such seed"
@@ -425,7 +423,7 @@ def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
         raise SystemExit(
             f"--sft-from {args.sft_from}: seeds {args.seeds} ran with several settings ({shas}); take seeds of one"
         )
-    return {seed: by_seed[seed] for seed in args.seeds}, shas[0]
+    return by_seed, shas[0]
 
 
 def later_parts(seed: int, args: argparse.Namespace, record: dict, save) -> dict:
@@ -678,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
         args.config_sha = f"{args.config_sha}{SFT_FROM}{source_sha}"
     per_seed = kept_seeds(section_old, args)
-    with_source_grpo(per_seed, args.source_records)
+    with_source_grpo(per_seed, args.sft_sources)
     args.kept = list(per_seed)
     result: dict = {}
 
