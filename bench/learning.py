@@ -389,9 +389,9 @@ def sft_best_of(record: dict) -> Path:
 
 def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
     """With --sft-from, that file's record of each seed (the task's section; a seed of --seeds starts GRPO
-    from its sft-best, a kept record takes its GRPO score) and --seeds' config_sha; without it ({}, None). A file that is not this task's, a
-    seed it lacks or whose sft-best is not here, or seeds of several settings stop the bench with one
-    line, before any run."""
+    from its sft-best, a kept record takes its GRPO score) and --seeds' config_sha; without it ({}, None).
+    A file that is not this task's, a seed it lacks or whose sft-best is not here, or seeds of several
+    settings stop the bench with one line, before any run."""
     if args.sft_from is None:
         return {}, None
     if args.sft_from.resolve() == args.out.resolve():
