@@ -150,8 +150,9 @@ class PolicyTrainer:
         return merge_updates(updates)
 
     def _with_policy_logprobs(self, turns: Sequence[Turn]) -> list[Turn]:
-        """`turns` with Turn.policy_logprobs: this policy's logprobs now, before any update (role by role)."""
-        return [replace(t, policy_logprobs=row) for t, row in self._completion_logprobs(turns)]
+        """`turns`, in their order, with Turn.policy_logprobs: this policy's logprobs now, before any update."""
+        rows = {id(t): row for t, row in self._completion_logprobs(turns)}
+        return [replace(t, policy_logprobs=rows[id(t)]) for t in turns]
 
     def _with_reference_logprobs(
         self, turns: Sequence[Turn], reference: Mapping[str, Sequence[torch.Tensor]]
@@ -169,27 +170,29 @@ class PolicyTrainer:
 
     def _completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[Turn, tuple[float, ...]]]:
         """Each turn with the per-token logprobs of its completion under its role's adapter as it is now,
-        at the role's temperature, 0 where its loss mask is 0; no gradient. Role by role, in adapter order."""
+        at the role's temperature, 0 where its loss mask is 0; no gradient. Role by role, in adapter order.
+        Where turns begin alike the passes run their common prefix once, as the update's do
+        (train.shared_prefix); train/prefix_tokens_saved counts the update's passes only."""
         out = []
+        counted = dict(self._prefix_tokens)
         for role in self.backbone.adapters:
             own = [t for t in turns if t.role == role]
             if not own:
                 continue
             self.backbone.activate(role)
             temperature = self.temperature.get(role, 1.0)
-            for chunk in micro_batches(own, self.update.micro_batch_size):
-                batch = collate(chunk, self.backbone.pad_id, self.accelerator.device)
-                with torch.no_grad():
-                    logprobs = token_logprobs(
-                        completion_logits(self.model, batch), batch.targets, temperature
-                    )
-                k = batch.completion_len
-                for i, t in enumerate(chunk):
-                    row = (
-                        logprobs[i, k - len(t.completion_ids) :]
-                        * batch.loss_mask[i, k - len(t.completion_ids) :]
-                    )
-                    out.append((t, tuple(float(x) for x in row)))
+            chunks = micro_batches(own, self.update.micro_batch_size)
+            with torch.no_grad():  # the passes' generator runs inside: no graph is kept
+                for chunk, batch, logits in self._training_passes(chunks):
+                    logprobs = token_logprobs(logits, batch.targets, temperature)
+                    k = batch.completion_len
+                    for i, t in enumerate(chunk):
+                        row = (
+                            logprobs[i, k - len(t.completion_ids) :]
+                            * batch.loss_mask[i, k - len(t.completion_ids) :]
+                        )
+                        out.append((t, tuple(float(x) for x in row)))
+        self._prefix_tokens = counted
         return out
 
     def _grpo_update(self, turns: Sequence[Turn]) -> dict[str, float]:
@@ -328,7 +331,7 @@ class PolicyTrainer:
         self, chunks: Sequence[list[Turn] | None], whole_episodes: bool = False
     ) -> Iterator[tuple[list[Turn] | None, TurnBatch | None, torch.Tensor | None]]:
         """Each micro-batch of the active role's `chunks` with its batch and the logits of its completions,
-        with gradient: (turns, batch, logits), or (None, None, None) for a sharded backbone's padding.
+        with gradient unless run under torch.no_grad: (turns, batch, logits), or (None, None, None) for a sharded backbone's padding.
         The caller takes each micro-batch's loss backward before asking for the next. Where the turns
         begin alike (train.shared_prefix), they are regrouped by common prefix: the batch then holds the
         turns' tails and, after a group's last micro-batch, its prefix goes backward once."""

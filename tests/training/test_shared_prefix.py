@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import training.trainer as trainer_module
 from tests.tiny_model import build_tiny_backbone
 from tests.training.turns import chat_ids, with_advantages
 from training.backbone import AdapterConfig
@@ -140,6 +141,37 @@ def test_shared_prefixes_give_the_turn_by_turn_gradient(tokenizer, step, micro_b
     for key in whole_metrics:
         if key.endswith(("/loss", "/sft_nll")):
             assert metrics[key] == pytest.approx(whole_metrics[key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_no_grad_passes_share_prefixes_and_give_the_turn_by_turn_logprobs(tokenizer, monkeypatch):
+    """The old policy's logprobs (train.minibatches above 1) run each group's common prefix once, as the
+    update does, and give what whole turns give, in the turns' order, with no gradient and nothing counted
+    in train/prefix_tokens_saved (that is the update's)."""
+    built = []
+
+    class Counted(SharedPrefix):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.length)
+
+    monkeypatch.setattr(trainer_module, "SharedPrefix", Counted)
+    turns = turns_with_shared_prompts(tokenizer)[::-1]  # not in role order: the order must come back
+    scored = {}
+    for shared in (False, True):
+        built.clear()
+        trainer = PolicyTrainer(
+            fresh(tokenizer), {r: 1e-3 for r in ROLES}, update=UpdateSettings(shared_prefix=shared)
+        )
+        scored[shared] = trainer._with_policy_logprobs(turns)
+        assert all(p.grad is None for p in trainer.backbone.model.parameters())
+        assert trainer._prefix_tokens == {"saved": 0, "total": 0}
+        assert bool(built) == shared  # prefixes ran only where they are on
+    for whole, prefixed, turn in zip(scored[False], scored[True], turns, strict=True):
+        assert whole.episode == prefixed.episode == turn.episode and whole.role == prefixed.role == turn.role
+        assert len(prefixed.policy_logprobs) == len(turn.completion_ids)
+        assert prefixed.policy_logprobs[2] == 0.0  # the observation token, masked
+        assert prefixed.policy_logprobs == pytest.approx(whole.policy_logprobs, rel=1e-5, abs=1e-6)
+        assert min(whole.policy_logprobs) < -1.0  # real logprobs, not the zeros of a mask
 
 
 def test_a_prefix_without_shared_tails_leaves_the_gradient_to_the_tails(tokenizer):
