@@ -150,7 +150,8 @@ class PolicyTrainer:
         return merge_updates(updates)
 
     def _with_policy_logprobs(self, turns: Sequence[Turn]) -> list[Turn]:
-        """`turns`, in their order, with Turn.policy_logprobs: this policy's logprobs now, before any update."""
+        """`turns`, in their order, with Turn.policy_logprobs: this policy's logprobs now, before any
+        update."""
         rows = {id(t): row for t, row in self._completion_logprobs(turns)}
         return [replace(t, policy_logprobs=rows[id(t)]) for t in turns]
 
@@ -331,10 +332,11 @@ class PolicyTrainer:
         self, chunks: Sequence[list[Turn] | None], whole_episodes: bool = False
     ) -> Iterator[tuple[list[Turn] | None, TurnBatch | None, torch.Tensor | None]]:
         """Each micro-batch of the active role's `chunks` with its batch and the logits of its completions,
-        with gradient unless run under torch.no_grad: (turns, batch, logits), or (None, None, None) for a sharded backbone's padding.
-        The caller takes each micro-batch's loss backward before asking for the next. Where the turns
-        begin alike (train.shared_prefix), they are regrouped by common prefix: the batch then holds the
-        turns' tails and, after a group's last micro-batch, its prefix goes backward once."""
+        with gradient unless run under torch.no_grad: (turns, batch, logits), or (None, None, None) for a
+        sharded backbone's padding. The caller takes each micro-batch's loss backward before asking for the
+        next. Where the turns begin alike (train.shared_prefix), they are regrouped by common prefix: the
+        batch then holds the turns' tails and, after a group's last micro-batch, its prefix goes backward
+        once."""
         shared = self.update.shared_prefix and not (
             whole_episodes or self.update.gradient_checkpointing or self.backbone.sharded or self._dropout()
         )
