@@ -152,8 +152,8 @@ class PolicyTrainer:
     def _with_policy_logprobs(self, turns: Sequence[Turn]) -> list[Turn]:
         """`turns`, in their order, with Turn.policy_logprobs: this policy's logprobs now, before any
         update."""
-        rows = {id(t): row for t, row in self._completion_logprobs(turns)}
-        return [replace(t, policy_logprobs=rows[id(t)]) for t in turns]
+        rows = self._completion_logprobs(turns)
+        return [replace(t, policy_logprobs=row) for t, row in zip(turns, rows, strict=True)]
 
     def _with_reference_logprobs(
         self, turns: Sequence[Turn], reference: Mapping[str, Sequence[torch.Tensor]]
@@ -166,15 +166,15 @@ class PolicyTrainer:
                 "grpo.kl_reference=base there"
             )
         with self.all_weights(reference):
-            rows = {id(t): row for t, row in self._completion_logprobs(turns)}
-        return [replace(t, ref_logprobs=rows[id(t)]) for t in turns]
+            rows = self._completion_logprobs(turns)
+        return [replace(t, ref_logprobs=row) for t, row in zip(turns, rows, strict=True)]
 
-    def _completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[Turn, tuple[float, ...]]]:
-        """Each turn with the per-token logprobs of its completion under its role's adapter as it is now,
-        at the role's temperature, 0 where its loss mask is 0; no gradient. Role by role, in adapter order.
-        Where turns begin alike the passes run their common prefix once, as the update's do
-        (train.shared_prefix); train/prefix_tokens_saved counts the update's passes only."""
-        out = []
+    def _completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[float, ...]]:
+        """The per-token logprobs of each turn's completion, in the turns' order, under its role's adapter
+        as it is now, at the role's temperature, 0 where its loss mask is 0; no gradient. Where turns begin
+        alike the passes run their common prefix once, as the update's do (train.shared_prefix);
+        train/prefix_tokens_saved counts the update's passes only."""
+        rows: dict[int, tuple[float, ...]] = {}
         counted = dict(self._prefix_tokens)
         for role in self.backbone.adapters:
             own = [t for t in turns if t.role == role]
@@ -192,9 +192,9 @@ class PolicyTrainer:
                             logprobs[i, k - len(t.completion_ids) :]
                             * batch.loss_mask[i, k - len(t.completion_ids) :]
                         )
-                        out.append((t, tuple(float(x) for x in row)))
+                        rows[id(t)] = tuple(float(x) for x in row)
         self._prefix_tokens = counted
-        return out
+        return [rows[id(t)] for t in turns]
 
     def _grpo_update(self, turns: Sequence[Turn]) -> dict[str, float]:
         """One optimizer step on `turns`."""
