@@ -290,8 +290,7 @@ def run_trl(cfg: Config, args: argparse.Namespace, work: Workload) -> SideResult
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_dir(settings), dtype=torch_dtype(settings.dtype, settings.device), local_files_only=True
     )
-    layers = model.config.num_hidden_layers
-    lora = cfg.roles[ROLE].adapter.lora_config(layers)
+    lora = cfg.roles[ROLE].adapter.lora_config(model)
     rows = zip(work.prompt_texts, work.tasks, strict=True)
     dataset = Dataset.from_list([{"prompt": p, "answer": t.answer} for p, t in rows])
     clock = StepClock()
@@ -321,7 +320,7 @@ def run_trl(cfg: Config, args: argparse.Namespace, work: Workload) -> SideResult
     )
 
 
-def shared_settings(cfg: Config, args: argparse.Namespace, work: Workload) -> dict:
+def shared_settings(cfg: Config, args: argparse.Namespace, work: Workload, targets: list[str]) -> dict:
     role = cfg.roles[ROLE]
     adapter = cfg.roles[ROLE].adapter
     return {
@@ -340,7 +339,7 @@ def shared_settings(cfg: Config, args: argparse.Namespace, work: Workload) -> di
         "temperature": role.sampling.temperature,
         "top_p": role.sampling.top_p,
         "lr": role.lr,
-        "lora": asdict(adapter) | {"target_modules": list(adapter.target_modules)},
+        "lora": asdict(adapter) | {"target_modules": targets},
         "dtype": str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch."),
         "lora_dtype": "float32",
         "grpo": {"beta": 0.0, "eps_low": cfg.grpo.eps_low, "eps_high": cfg.grpo.eps_high, "ratio": "token"},
@@ -391,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_settings(args)
     system = build_system(cfg)
     work = workload(cfg, system, args.prompts)
+    targets = sorted(system.backbone.model.peft_config[ROLE].target_modules)  # null resolved on the model
     meta = None
     if args.side in ("both", "meta-agent"):
         meta = run_meta_agent(cfg, args, system, work).summary()
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
             "parts": "fractions of the median step: rollout = generation, reward = grading, update = "
             "logprobs, loss, backward and optimizer step",
         },
-        "settings": shared_settings(cfg, args, work),
+        "settings": shared_settings(cfg, args, work, targets),
         # The machine may be shared: a 1-minute load well above 2 (this run's own threads) at either
         # end means another job ran alongside and the seconds are inflated.
         "machine": machine | {"load_average_1m_at_end": round(os.getloadavg()[0], 2)},

@@ -20,6 +20,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
+from transformers.pytorch_utils import Conv1D
 
 from training.attention import use_gqa_attention
 from training.distributed import Ranks
@@ -45,26 +46,34 @@ class AdapterConfig:
     r: int = 16  # LoRA rank
     alpha: int = 32  # scaling = alpha / r
     dropout: float = 0.0  # 0 keeps rollout and training forward passes identical
-    # the projections that get LoRA matrices
-    target_modules: tuple[str, ...] = (
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    )
+    # the layers that get LoRA matrices, by module name (q_proj, c_attn...); null: every linear layer but
+    # the LM head, so any causal LM works (a Llama-family model's q/k/v/o_proj, gate/up/down_proj)
+    target_modules: tuple[str, ...] | None = None
     # LoRA on the last N decoder layers only (None: all). Backward passes stop below them, so a
     # training step costs about (1 + N / layers) forward passes instead of 2.
     top_layers: int | None = None
 
     def __post_init__(self) -> None:
-        self.target_modules = tuple(self.target_modules)  # a list when it comes from the config
+        if self.target_modules is not None:
+            self.target_modules = tuple(self.target_modules)  # a list when it comes from the config
+            if not self.target_modules:
+                raise ValueError("adapter target_modules=[] targets nothing: name modules, or null for all")
         if self.r < 1:
             raise ValueError(f"adapter r={self.r} must be >= 1")
 
-    def lora_config(self, num_layers: int | None = None) -> LoraConfig:
+    def lora_config(self, model: torch.nn.Module) -> LoraConfig:
+        """PEFT's config of this adapter on `model`, the bare transformers model (no adapters yet)."""
+        num_layers = getattr(model.config, "num_hidden_layers", None)
+        targets = self.target_modules or linear_layer_names(model)
+        names = [name for name, _ in model.named_modules()]
+        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if missing:  # PEFT would say "no matching module" without naming the ones there are
+            linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if _is_linear(m)})
+            raise ModelMismatch(
+                f"adapter target_modules names {missing}, which {type(model).__name__} does not have; its "
+                f"linear layers are named {linear}: list some of those, or target_modules=null for all but "
+                "the LM head"
+            )
         layers = None
         if self.top_layers is not None:
             if num_layers is None or not 1 <= self.top_layers <= num_layers:
@@ -76,10 +85,40 @@ class AdapterConfig:
             r=self.r,
             lora_alpha=self.alpha,
             lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
+            target_modules=list(targets),
             layers_to_transform=layers,
+            # Conv1D (GPT-2) stores its weight transposed; PEFT turns this off again for nn.Linear layers
+            fan_in_fan_out=any(isinstance(m, Conv1D) for m in model.modules()),
             task_type="CAUSAL_LM",
         )
+
+
+def linear_layer_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """The names (last dotted part) of `model`'s linear layers but its LM head, in model order: PEFT's
+    all-linear as names, so a saved adapter lists a few names vLLM can match, not every layer's path.
+    A Llama-family model's are q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names: dict[str, None] = {}
+    head_name = None
+    for key, module in model.named_modules():
+        if not _is_linear(module):
+            continue
+        if module is head:
+            head_name = key.rsplit(".", 1)[-1]
+        else:
+            names[key.rsplit(".", 1)[-1]] = None
+    if head_name in names:  # a name that would also match the LM head
+        raise ModelMismatch(
+            f"{type(model).__name__} has linear layers named {head_name!r} like its LM head: set "
+            "roles.<role>.adapter.target_modules to the names LoRA should adapt"
+        )
+    if not names:
+        raise ModelMismatch(f"{type(model).__name__} has no linear layer besides its LM head for LoRA to adapt")
+    return tuple(names)
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.Linear, Conv1D))  # GPT-2's projections are Conv1D
 
 
 class Backbone:
@@ -166,10 +205,10 @@ class Backbone:
                 )
         model.requires_grad_(False)
         use_gqa_attention(model)
-        layers = getattr(model.config, "num_hidden_layers", None)
-        peft_model = get_peft_model(model, adapters[names[0]].lora_config(layers), adapter_name=names[0])
+        configs = {name: adapters[name].lora_config(model) for name in names}  # read off the bare model
+        peft_model = get_peft_model(model, configs[names[0]], adapter_name=names[0])
         for name in names[1:]:
-            peft_model.add_adapter(name, adapters[name].lora_config(layers))
+            peft_model.add_adapter(name, configs[name])
         backbone = cls(peft_model, tokenizer, names)
         backbone.activate(names[0])
         return backbone

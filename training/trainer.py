@@ -372,6 +372,8 @@ class PolicyTrainer:
         return (
             any(getattr(c, "lora_dropout", 0.0) > 0 for c in configs)
             or getattr(base, "attention_dropout", 0.0) > 0
+            # dropout modules of other architectures (GPT-2's attn/resid/embd_pdrop)
+            or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
         )
 
     def _prefix_metrics(self) -> dict[str, float]:

@@ -8,6 +8,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.meta_agent.test_cli import run_cli
+from tests.tiny_model import build_tiny_model
 
 TINY = [
     "roles.meta_thinker.sampling.max_new_tokens=8",
@@ -78,6 +79,29 @@ def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_di
     assert (
         run_dir / "checkpoints" / "step-000002" / "adapters" / "executor" / "adapter_config.json"
     ).exists()
+
+
+@pytest.mark.slow  # one short run, about 15 s
+def test_train_runs_on_a_gpt2_backbone(tokenizer, tmp_path):
+    """model.path= any causal LM: a GPT-2 folder's adapters go on its linear layers (c_attn, c_proj, c_fc)."""
+    model_dir = tmp_path / "gpt2"
+    build_tiny_model(tokenizer, arch="gpt2").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "train",
+        f"model.path={model_dir}",
+        *TINY,
+        "train.steps=1",
+        f"run_dir={run_dir}",
+        f"memory.path={tmp_path / 'memory'}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    adapters = run_dir / "checkpoints" / "step-000001" / "adapters"
+    saved = json.loads((adapters / "executor" / "adapter_config.json").read_text())
+    assert sorted(saved["target_modules"]) == ["c_attn", "c_fc", "c_proj"]
+    assert {"role/executor/grad_norm", "role/meta_thinker/grad_norm"} <= scalar_tags(run_dir)
 
 
 @pytest.mark.slow  # four short runs, about 90 s

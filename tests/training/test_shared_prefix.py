@@ -232,3 +232,16 @@ def test_dropout_keeps_turn_by_turn_passes(tokenizer):
     assert "train/prefix_tokens_saved" in PolicyTrainer(fresh(tokenizer), {r: 1e-3 for r in ROLES}).sft_step(
         turns
     )
+
+
+def test_dropout_modules_of_other_architectures_keep_turn_by_turn_passes(tokenizer):
+    """GPT-2 draws dropout from modules (attn/resid/embd_pdrop), not from config.attention_dropout."""
+    turns = turns_with_shared_prompts(tokenizer)
+    adapters = {r: AdapterConfig(r=4, alpha=8) for r in ROLES}
+    backbone = build_tiny_backbone(tokenizer, adapters, seed=0, lora_b_std=0.05, arch="gpt2")
+    trainer = PolicyTrainer(backbone, {r: 1e-3 for r in ROLES}, update=UpdateSettings())
+    assert "train/prefix_tokens_saved" in trainer.sft_step(turns)  # the tiny GPT-2 has no dropout
+    for module in backbone.model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.1  # a real GPT-2 checkpoint's
+    assert "train/prefix_tokens_saved" not in trainer.sft_step(turns)
