@@ -113,7 +113,9 @@ def linear_layer_names(model: torch.nn.Module) -> tuple[str, ...]:
             "roles.<role>.adapter.target_modules to the names LoRA should adapt"
         )
     if not names:
-        raise ModelMismatch(f"{type(model).__name__} has no linear layer besides its LM head for LoRA to adapt")
+        raise ModelMismatch(
+            f"{type(model).__name__} has no linear layer besides its LM head for LoRA to adapt"
+        )
     return tuple(names)
 
 
