@@ -5,6 +5,7 @@
     meta-agent demos sft.source=arith sft.examples=64 demos_out=runs/demos/arith.jsonl
     meta-agent probe adapters=runs/X [probe.meta_thinker_from=runs/Y] [key=value ...]
     meta-agent report runs/X
+    meta-agent train --help        (any command: its usage, main keys and an example)
 
 Overrides are Hydra's (`meta-agent config` lists every key). Each run writes its resolved config
 and its traces (JSON lines) into `run_dir`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import textwrap
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -25,7 +27,7 @@ from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meta_agent.analysis.report import write_report
-from meta_agent.config import commented_yaml, compose_config, config_of_run, load_config
+from meta_agent.config import CONFIG_DIR, commented_yaml, compose_config, config_of_run, load_config
 from meta_agent.demos.build import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter, episode_markdown
@@ -71,7 +73,170 @@ commands:
 
 overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  roles=single_agent  eval.tasks=[arith,gsm8k]  eval.limit=20  model.path=/my/hf/model
                    adapters=runs/X/checkpoints/sft-best (trained roles for solve, eval, train)  sft.source=runs/demos/arith.jsonl
+
+meta-agent COMMAND --help (or -h): that command's usage, main keys and an example
 """
+
+# Every command's --help: usage, the keys that matter for it, an example. tests/meta_agent/test_cli.py
+# checks each key against the config, so a renamed setting cannot leave a stale line here.
+RUN_KEYS = """  experiment=NAME         a preset of configs/experiment/:
+{experiments}
+  roles=NAME              which roles play: hierarchy | single_agent | two_executors
+  model.path=DIR          any local Hugging Face causal LM folder (default: SmolLM2-135M-Instruct)
+  model.device=cuda       cpu | cuda
+  run_dir=runs/NAME       where the run writes config.yaml, traces.jsonl and its results
+  seed=N                  seeds the adapters, the data order and sampling"""
+
+COMMAND_HELP = {
+    "solve": """usage: meta-agent solve "QUESTION" [key=value ...]
+
+Play one episode of the hierarchy on QUESTION and print it: plan, tool calls, answer, reflection.
+Uses the newest trained run under runs/ with its own settings unless adapters= says otherwise.
+
+main keys:
+  adapters=RUN            trained roles: a run folder, a checkpoint or an adapters folder; null: untrained
+  planner.name=mcts       search over plans (mcts | best_of_n; none: one episode)
+  planner.simulations=N   episodes the search may play
+  protocol.max_new_tokens=N  generated tokens in the whole episode
+{run_keys}
+
+example:
+  meta-agent solve "A depot holds 48,213 crates of 12 bolts. How many bolts?" adapters=runs/arith
+""",
+    "eval": """usage: meta-agent eval [key=value ...]
+
+Evaluate the roles on benchmark tasks: accuracy per task, eval.json and traces.jsonl in run_dir.
+
+main keys:
+  eval.tasks=[arith,gsm8k]  tasks: arith | gsm8k | math500 | aime24 | amc23 | a custom_tasks name
+  eval.limit=N            problems per task (null: all)
+  eval.split=test         test | train
+  eval.samples=N          episodes per problem: above 1, pass@k, maj@k and an interval
+  eval.seeds=[0,1,2]      the same problems sampled with each seed
+  adapters=RUN            trained roles: a run folder, a checkpoint or an adapters folder
+  planner.name=mcts       search over plans (mcts | best_of_n; none: one episode per sample)
+{run_keys}
+
+example:
+  meta-agent eval experiment=arith_hierarchy adapters=runs/arith eval.tasks=[arith] eval.limit=20
+""",
+    "train": """usage: meta-agent train [key=value ...]
+
+SFT warm start (when sft.enabled=true, as some experiments set), then joint multi-agent GRPO of every
+role's adapter. run_dir gets config.yaml, TensorBoard events, traces.jsonl and checkpoints/.
+
+main keys:
+  train.steps=N           GRPO steps
+  train.task=arith        the task family trained on (its train split)
+  train.tasks_per_step=N  tasks per step; train.group_size=N episodes of each
+  train.eval_every=N      held-out accuracy (train.eval_task, train.eval_limit problems) every N steps
+  grpo.beta=0.02          weight of the KL to the reference
+  grpo.advantage=rloo     the advantage estimator: grpo | rloo | reinforce_pp | gae
+  roles.executor.lr=1e-4  a role's learning rate; roles.<role>.adapter.r=16 its LoRA rank
+  adapters=RUN            start from trained roles (a run folder, a checkpoint or an adapters folder)
+  resume=RUN              continue an interrupted run exactly, in its own folder
+{run_keys}
+
+example:
+  meta-agent train experiment=arith_hierarchy train.steps=20 run_dir=runs/arith
+""",
+    "dpo": """usage: meta-agent dpo [key=value ...]
+
+Train with preference pairs mined from each rollout instead of GRPO (train with train.algorithm=dpo);
+writes what `meta-agent train` writes.
+
+main keys:
+  dpo.loss=dpo            dpo | ipo | simpo
+  dpo.beta=0.1            how far from the reference the implied reward may pull
+  dpo.pairs=[plan,execute,reflection]  which turns are paired
+  train.steps=N           steps, each on one rollout's pairs
+  adapters=RUN            start from trained roles (a run folder, a checkpoint or an adapters folder)
+  resume=RUN              continue an interrupted run exactly
+{run_keys}
+
+example:
+  meta-agent dpo experiment=arith_hierarchy adapters=runs/arith dpo.loss=ipo train.steps=10
+""",
+    "sft": """usage: meta-agent sft [key=value ...]
+
+The SFT stage alone (train with sft.enabled=true and train.steps=0): supervised steps on demonstrations
+until held-out accuracy stops improving; writes what `meta-agent train` writes.
+
+main keys:
+  sft.source=arith        {sources},
+                          or a .jsonl file written by `meta-agent demos`
+  sft.examples=N          demonstration episodes to generate (a .jsonl source is used whole)
+  sft.max_steps=N         at most this many SFT steps; sft.batch_size=N episodes each
+  sft.patience=N          stop after N evaluations without improvement (sft.eval_every=N steps apart)
+  sft.lr_scale=3.0        SFT learning rate = each role's lr times this
+{run_keys}
+
+example:
+  meta-agent sft sft.source=runs/demos/arith.jsonl run_dir=runs/sft
+""",
+    "demos": """usage: meta-agent demos [key=value ...]
+
+Write demonstration episodes to a JSON-lines file that `meta-agent sft sft.source=<file>` trains on:
+sft.examples scripted demonstrations of sft.source, or, with planner.name=mcts (or best_of_n) and
+adapters=RUN, the plans of the searched episodes that answered train.task's problems right.
+
+main keys:
+  sft.source=arith        {sources}
+  sft.examples=N          demonstration episodes (problems searched, with a planner)
+  demos_out=FILE.jsonl    where they go (default: run_dir/demos.jsonl)
+  planner.name=mcts       search for plans with trained roles instead (needs adapters=RUN)
+  adapters=RUN            the trained roles a planner searches with
+{run_keys}
+
+example:
+  meta-agent demos sft.source=arith sft.examples=64 demos_out=runs/demos/arith.jsonl
+""",
+    "probe": """usage: meta-agent probe [key=value ...]
+
+Counterfactual arms against the hierarchy on the same problems (plan removed, another problem's plan,
+no reflection, two runs' roles mixed, executors alone): probe.json and probe.md in run_dir.
+
+main keys:
+  adapters=RUN            the trained roles probed (a run folder, a checkpoint or an adapters folder)
+  probe.arms=[no_plan,other_plan,no_reflection,mixed,executors_alone]
+  probe.task=arith        the problems' task; probe.split=test, probe.limit=N problems
+  probe.meta_thinker_from=RUN  arm mixed: another run's meta-thinker (probe.executors_from: executors)
+  eval.temperature=0.0    0: greedy episodes
+{run_keys}
+
+example:
+  meta-agent probe experiment=arith_hierarchy adapters=runs/arith probe.limit=32
+""",
+    "report": """usage: meta-agent report RUN_DIR
+
+An HTML report of a run folder: figures of its metrics (PNG, in RUN_DIR/figures/) and its episodes
+round by round. Takes the folder alone, no key=value settings.
+
+example:
+  meta-agent report runs/arith
+""",
+    "config": """usage: meta-agent config [key=value ...]
+
+Print the resolved config with these overrides, every key with what it means; the values are checked
+as a run would check them at start-up.
+
+main keys: any, e.g.
+  experiment=NAME         a preset of configs/experiment/:
+{experiments}
+  roles=NAME              hierarchy | single_agent | two_executors
+
+example:
+  meta-agent config experiment=arith_hierarchy grpo.beta=0.02
+""",
+}
+
+
+def command_help(command: str) -> str:
+    """COMMAND_HELP[command] with the run keys, the experiments of the config folder and the SFT sources."""
+    experiments = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+    listed = textwrap.fill(", ".join(experiments), 104, initial_indent=" " * 26, subsequent_indent=" " * 26)
+    text = COMMAND_HELP[command].replace("{run_keys}", RUN_KEYS).replace("{experiments}", listed)
+    return text.replace("{sources}", " | ".join(SOURCES))
 
 
 def start_run(
@@ -455,6 +620,8 @@ def _quote(text: str) -> str:
 # `key=value` as Hydra reads it (a dotted key, no spaces before "="): "If 3x = 12, what is x?" is a question.
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 
+HELP = ("-h", "--help")
+
 # The user's mistakes: a bad key or value, a missing model, file or checkpoint, malformed data.
 USER_ERRORS = (UserError, BackboneNotFound, ModelMismatch, CheckpointError)
 
@@ -469,10 +636,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: list[str]) -> int:
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in HELP or args[0] == "help":
+        if args[1:2] and args[1] in COMMAND_HELP:  # meta-agent help train
+            print(command_help(args[1]))
+            return 0
         print(USAGE)
         return 0 if args else 2
     command, rest = args[0], args[1:]
+    if command in COMMAND_HELP and any(a in HELP for a in rest):  # before Hydra reads "--help" as a key
+        print(command_help(command))
+        return 0
     if command == "solve":
         if not rest or OVERRIDE.match(rest[0]):
             raise SettingError(
