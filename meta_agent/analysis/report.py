@@ -14,6 +14,7 @@ import base64
 import difflib
 import html
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from meta_agent.errors import BadData, MissingFile  # noqa: E402
@@ -87,10 +89,23 @@ def roles_in(rows: Sequence[dict]) -> list[str]:
     )
 
 
+TITLE_CHARS = 64  # a title line's characters: a 12 pt line of 64 fits the 7-inch figure's width
+
+
 def draw(rows: Sequence[dict], name: str, folder: Path) -> tuple[Path, bool]:
     """One figure as a PNG; returns its path and whether it had anything to draw."""
+    fig, drawn = figure(rows, name)
+    path = folder / f"{name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path, drawn
+
+
+def figure(rows: Sequence[dict], name: str) -> tuple[Figure, bool]:
+    """One figure of FIGURES, its title wrapped and laid out to fit; and whether it drew anything."""
     title, lines = FIGURES[name]
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    # constrained layout makes room for a wrapped title and the legend; tight_layout cut long titles
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110, layout="constrained")
     drawn = False
     styles = iter([("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")] * 4)
     for pattern, label in lines:
@@ -107,24 +122,22 @@ def draw(rows: Sequence[dict], name: str, folder: Path) -> tuple[Path, bool]:
         ax.plot(
             [0], [max(sft)], marker="*", markersize=11, linestyle="none", label="held-out after SFT (best)"
         )
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, TITLE_CHARS))
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if name != "reward":  # rates and accuracies; self-correction runs from -1 to 1
         ax.set_ylim(-1.05 if name == "transitions" else -0.05, 1.05)
     ax.grid(alpha=0.3)
-    if drawn:
+    if drawn and len(ax.get_lines()) > 3:  # a long legend beside the axes, where it hides no line
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif drawn:
         ax.legend(fontsize=8, loc="best")
     else:
         why = {"transitions": "no transitions: one round per episode", "sft": "no SFT stage in this run"}.get(
             name, "nothing to draw: no reflected rounds"
         )
         ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray")
-    fig.tight_layout()
-    path = folder / f"{name}.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path, drawn
+    return fig, drawn
 
 
 def pick_episodes(traces: Sequence[dict], n: int = 4) -> list[dict]:
