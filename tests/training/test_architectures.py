@@ -96,6 +96,8 @@ def test_top_layers_and_named_targets_hold_on_every_architecture(tokenizer, arch
     wrong = "c_attn" if arch != "gpt2" else "q_proj"  # the other family's names
     with pytest.raises(ModelMismatch, match=rf"names \['{wrong}'\].*linear layers are named"):
         backbone_of(tokenizer, arch, target_modules=[wrong])
+    with pytest.raises(ValueError, match="targets nothing"):
+        AdapterConfig(target_modules=[])
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
