@@ -44,7 +44,7 @@ from meta_agent.tasks import Task, next_tasks
 from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
 from training.distributed import Ranks
-from training.grpo import trainable_turns
+from training.grpo import GAE, trainable_turns
 from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer
@@ -189,7 +189,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
 def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) -> dict[str, float]:
     """Advantages onto the rollout's turns as grpo.advantage says. gae: the value heads' estimates of
     every turn's state first, then GAE, then the heads fitted on the returns (their metrics returned)."""
-    if cfg.grpo.advantage != "gae":
+    if cfg.grpo.advantage != GAE:
         assign_advantages(
             episodes,
             scale=cfg.grpo.scale_advantages,
