@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meta_agent.analysis.report import write_report
 from meta_agent.config import commented_yaml, compose_config, config_of_run, load_config
 from meta_agent.demos.build import SOURCES, demo_path, read_demos, write_demos
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter, episode_markdown
 from meta_agent.errors import SettingError, UserError
@@ -187,6 +188,7 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
             extra = {"search": found.tree.as_dict(), "simulations": found.simulations}
         else:
             play([episode], system.backend, seed=cfg.seed)
+    score([episode])  # the trace shows each role's reward
     commit_lessons(system.memory, system.factory.lessons([episode]), Ranks())
     TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve", **extra)
     system.close()

@@ -5,7 +5,7 @@
     turns = trainable_turns(training_turns(episodes, reflections=cfg.grpo.reflection_credit != "none"),
                             filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of)
 
-An episode gives each role one reward (roles.rewards); a role with several turns in an
+An episode gives each role one reward (meta_agent.episode.reward.score); a role with several turns in an
 episode (plan and reflection) counts once in its group's statistics, and all its turns share the advantage,
 except the meta-thinker's reflections as REFLECTION_CREDITS[grpo.reflection_credit] sets them: under
 "round" each is credited with what it did (roles.rewards.round_reflection_reward), normalised among the
