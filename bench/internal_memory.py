@@ -36,8 +36,8 @@ import transformers
 from bench.common import RESULTS_DIR, machine_info
 from bench.learning import parse_seeds, run
 from bench.planning import greedy_episodes
+from meta_agent.analysis.stats import mean_interval, paired_difference, seed_interval
 from meta_agent.config import load_config
-from meta_agent.stats import mean_interval, paired_difference, seed_interval
 from meta_agent.system import build_system
 from training.model_files import torch_dtype
 

@@ -70,11 +70,11 @@ import transformers
 from omegaconf import OmegaConf
 
 from bench.common import KERNEL_LEVEL_ENV, RESULTS_DIR, machine_info, write_result
+from meta_agent.analysis.report import read_jsonl
+from meta_agent.analysis.stats import seed_interval
 from meta_agent.cli import start_run
 from meta_agent.config import as_dictconfig, load_config
-from meta_agent.report import read_jsonl
-from meta_agent.stats import seed_interval
-from meta_agent.train import train
+from meta_agent.learning.train import train
 from training.checkpoint import latest_checkpoint
 from training.model_files import torch_dtype
 

@@ -125,7 +125,7 @@ def run_arm(arm: str, tasks: int, group: int, steps: int, seed: int, overrides: 
     import torch  # here, not at the top: the parent and the "start" stage stay free of torch
 
     from meta_agent.config import load_config
-    from meta_agent.sft import generate_demos
+    from meta_agent.learning.sft import generate_demos
     from meta_agent.system import build_system, policy_trainer
     from roles import executors
     from training.backbone import Backbone

@@ -9,7 +9,7 @@ sampling), with the trained roles of --adapters and memory off:
   their mean (what one sampled episode gets), its tokens all N episodes';
 - best_of_n: the majority answer of those same N episodes (the N plans' self-consistency): the same
   tokens;
-- mcts: `planner.name=mcts` (meta_agent/planning.py), its token budget per problem the sampling arm's
+- mcts: `planner.name=mcts` (meta_agent/evaluation/planning.py), its token budget per problem the sampling arm's
   mean tokens per problem, so both spend the same (a last wave may go a little past it);
 - greedy: one greedy episode per problem, the reference without search (its own, smaller, tokens).
 Writes bench/results/planning.json (other keys of the file, such as dpo_minus_grpo, are kept): per
@@ -31,11 +31,11 @@ import torch
 import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
+from meta_agent.analysis.stats import majority, mean_interval, normal_answer, paired_difference
 from meta_agent.config import load_config
-from meta_agent.evaluate import evaluate
-from meta_agent.planning import build_planner
+from meta_agent.evaluation.evaluate import evaluate
+from meta_agent.evaluation.planning import build_planner
 from meta_agent.settings import Config
-from meta_agent.stats import majority, mean_interval, normal_answer, paired_difference
 from meta_agent.system import build_system
 from meta_agent.tasks import load_tasks
 

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from bench.common import RESULTS_DIR
 from bench.learning import RESULTS as GRPO_RESULTS
 from bench.learning import SFT_FROM, settings_of
-from meta_agent.stats import seed_interval
+from meta_agent.analysis.stats import seed_interval
 
 DPO_RESULTS = RESULTS_DIR / "learning_dpo.json"
 OUT = RESULTS_DIR / "planning.json"

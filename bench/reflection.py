@@ -30,7 +30,7 @@ import torch
 import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
-from meta_agent.stats import mean_interval
+from meta_agent.analysis.stats import mean_interval
 
 RESULTS = RESULTS_DIR / "reflection.json"
 EXPERIMENT = "arith_hierarchy"

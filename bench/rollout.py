@@ -44,8 +44,8 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.config import load_config
-from meta_agent.demos import arith_actions
-from meta_agent.runner import request_seed
+from meta_agent.demos.build import arith_actions
+from meta_agent.episode.runner import request_seed
 from meta_agent.system import System, build_system
 from meta_agent.tasks import load_tasks
 from roles import meta_thinker

@@ -30,10 +30,10 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.config import load_config
-from meta_agent.credit import assign_advantages, training_turns
-from meta_agent.sft import sft_turns
+from meta_agent.learning.credit import assign_advantages, training_turns
+from meta_agent.learning.sft import sft_turns
+from meta_agent.learning.train import Stage, rollout
 from meta_agent.system import build_system, policy_trainer
-from meta_agent.train import Stage, rollout
 from training.distributed import Ranks
 from training.trainer import PolicyTrainer
 from training.types import Turn

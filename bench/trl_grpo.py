@@ -16,7 +16,7 @@ std scaling, no KL, same AdamW and learning rate. By default EOS does not end a 
 sides generate exactly prompts x G x max-new-tokens tokens per step (`--stop-at-eos` lets it).
 
 meta-agent: `HFBackend.generate` (the product's rollout backend) -> grader -> `PolicyTrainer.grpo_step`,
-as `meta_agent/train.py` runs a step, but on single-segment completions: no episode protocol, stop
+as `meta_agent/learning/train.py` runs a step, but on single-segment completions: no episode protocol, stop
 strings or tool calls, which TRL would not run. Zero-variance groups are kept (TRL trains on them).
 TRL: `GRPOTrainer.train()` for warm-up + timed steps; a step is on_step_begin .. on_step_end.
 
@@ -44,8 +44,8 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.config import load_config
+from meta_agent.episode.runner import request_seed
 from meta_agent.errors import SettingError
-from meta_agent.runner import request_seed
 from meta_agent.settings import Config
 from meta_agent.system import System, build_system, policy_trainer
 from meta_agent.tasks import Task, grade

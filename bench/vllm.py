@@ -17,7 +17,7 @@ small in-place change to the adapters, as after an optimizer step: HFBackend's p
 and VLLMBackend syncs its adapters (timed, and counted in its round). Rounds alternate which backend goes
 first, after one untimed warm-up round each, so background load falls on both alike.
 
-Learning (`--learning`): `meta_agent.train.train` of `arith_hierarchy` (as bench/learning.py runs it) with
+Learning (`--learning`): `meta_agent.learning.train.train` of `arith_hierarchy` (as bench/learning.py runs it) with
 backend.name=hf and with backend.name=vllm, for each of `--seeds`: held-out accuracy untrained (None where
 the experiment's train.eval_base is false, as the default's is), after SFT and after GRPO, and wall seconds. Runs of other seeds already in the file are kept, so seeds can be added
 one at a time; the comparison is over the seeds both backends have run, paired by seed (a seed fixes the
@@ -51,11 +51,11 @@ import torch
 import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
+from meta_agent.analysis.stats import seed_interval
 from meta_agent.config import load_config
-from meta_agent.demos import arith_actions
-from meta_agent.runner import request_seed
+from meta_agent.demos.build import arith_actions
+from meta_agent.episode.runner import request_seed
 from meta_agent.settings import Config
-from meta_agent.stats import seed_interval
 from meta_agent.system import System, build_system
 from meta_agent.tasks import load_tasks
 from roles import meta_thinker
@@ -407,7 +407,7 @@ def compare(runs: dict[str, dict[str, dict]], overrides: Sequence[str]) -> dict:
     out["settings"] = {
         "experiment": EXPERIMENT,
         "overrides": list(overrides),
-        "runs": "meta_agent.train.train as bench/learning.py runs it, backend.name and seed set per run",
+        "runs": "meta_agent.learning.train.train as bench/learning.py runs it, backend.name and seed set per run",
         "eval": f"held-out arith test split (drawn with the run's seed), greedy, {eval_limit} problems",
         "noise": "within_noise: |grpo_vllm_minus_hf| <= max(eval_noise_two_se, paired_difference.ci95): "
         "the 95% interval of the seed-paired difference (Student's t), floored by the eval's noise",

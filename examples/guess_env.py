@@ -6,7 +6,7 @@
 The env draws a whole number from 1 to `high` with the reset's seed (the G rollouts of a group share
 it); the agent guesses, is told "higher" or "lower", and is paid 1 when it finds the number within
 `guesses` tries. Its one agent is named after the role that plays it (`executor`). Nothing here knows
-the trainer: `system_prompt` and `stops` are the optional hooks the trainer reads (meta_agent.env_rollout).
+the trainer: `system_prompt` and `stops` are the optional hooks the trainer reads (meta_agent.env.rollout).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 from pettingzoo import AECEnv
 
 # Text spaces of any string, and a str with the dtype PettingZoo's api_test compares
-from meta_agent.env import TextObservation, TextSpace
+from meta_agent.env.environments import TextObservation, TextSpace
 
 
 class GuessNumber(AECEnv):

@@ -13,7 +13,7 @@ from memory.index import DEFAULT_INDEX, HNSW_EF_SEARCH, IVF_NPROBE, index_kind
 from memory.store import FaissMemory
 from memory.types import Embedder
 
-# What the meta-thinker carries from one reflection to the next (meta_agent.internal_memory)
+# What the meta-thinker carries from one reflection to the next (meta_agent.episode.internal_memory)
 INTERNAL_KINDS = ("truncate", "summary")
 
 

@@ -24,22 +24,22 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meta_agent.analysis.report import write_report
 from meta_agent.config import commented_yaml, compose_config, config_of_run, load_config
-from meta_agent.demos import SOURCES, demo_path, read_demos, write_demos
+from meta_agent.demos.build import SOURCES, demo_path, read_demos, write_demos
+from meta_agent.episode.runner import play
+from meta_agent.episode.trace import TraceWriter, episode_markdown
 from meta_agent.errors import SettingError, UserError
-from meta_agent.evaluate import evaluate
-from meta_agent.planning import build_planner
-from meta_agent.probe import mixed_slots, probe, write_probe
+from meta_agent.evaluation.evaluate import evaluate
+from meta_agent.evaluation.planning import build_planner
+from meta_agent.evaluation.probe import mixed_slots, probe, write_probe
+from meta_agent.evaluation.tables import accuracy_table, reflection_table, seed_table
+from meta_agent.learning.sft import generate_demos, search_demos
+from meta_agent.learning.train import train
 from meta_agent.rank_protocol import commit_lessons, join
-from meta_agent.report import write_report
-from meta_agent.runner import play
 from meta_agent.settings import Config
-from meta_agent.sft import generate_demos, search_demos
 from meta_agent.system import build_system, check_tools
-from meta_agent.tables import accuracy_table, reflection_table, seed_table
 from meta_agent.tasks import Task
-from meta_agent.trace import TraceWriter, episode_markdown
-from meta_agent.train import train
 from roles import META_THINKER
 from training.backbone import Backbone
 from training.checkpoint import CHECKPOINTS_DIR, CheckpointError, latest_checkpoint, resolve_resume

@@ -3,7 +3,7 @@
 Each section's record is defined next to the code that reads it and imported here: `model:`
 (training.model_files.ModelConfig), `backend:` (training.generation.BackendSettings), `roles.<role>:`
 (roles.RoleSpec plus training.backbone.AdapterConfig and a learning rate), `protocol:`
-(meta_agent.episode_records.Limits), `tools:` (tools.ToolSettings), `memory:` (memory.MemorySettings), `grpo:`
+(meta_agent.episode.records.Limits), `tools:` (tools.ToolSettings), `memory:` (memory.MemorySettings), `grpo:`
 (training.grpo.GRPOSettings) and the optimizer half of `train:` (training.trainer.UpdateSettings). The
 records of the stages above them (eval, train, sft) live here. These dataclasses are the Hydra schema
 (meta_agent.config registers them), so a misspelt key fails at start-up; each field's default and the
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from memory.settings import MemorySettings
-from meta_agent.episode import Limits
+from meta_agent.episode.protocol import Limits
 from meta_agent.errors import SettingError
-from meta_agent.planning import PlannerSettings
-from meta_agent.preference import PAIR_KINDS
+from meta_agent.evaluation.planning import PlannerSettings
+from meta_agent.learning.preference import PAIR_KINDS
 from meta_agent.tasks import KNOWN_TASKS, Task, load_tasks
 from meta_agent.tasks.custom import CustomTask
 from roles import META_THINKER, RoleSpec, check_roles
@@ -111,7 +111,7 @@ class TrainSettings(UpdateSettings):
     token_budget: int | None = None
     # roll out through a PettingZoo env instead of the hierarchy's episode: a built-in name (feedback:
     # answer over several attempts, told right or wrong) or module:callable returning an AECEnv or
-    # ParallelEnv whose agents are role names (meta_agent.env_rollout); null: the hierarchy's episode
+    # ParallelEnv whose agents are role names (meta_agent.env.rollout); null: the hierarchy's episode
     env: str | None = None
     env_args: dict[str, Any] = field(default_factory=dict)  # keyword arguments of train.env's callable
 
@@ -136,7 +136,7 @@ class TrainSettings(UpdateSettings):
 
 @dataclass
 class DPOSettings(PreferenceSettings):
-    """`train.algorithm=dpo`: preference pairs mined from each rollout (meta_agent.preference), the loss
+    """`train.algorithm=dpo`: preference pairs mined from each rollout (meta_agent.learning.preference), the loss
     against each role's adapter as it was when the stage began."""
 
     # which turns pair up: plan (the meta-thinker's plans of one question) | execute (the executor's first
@@ -186,7 +186,7 @@ class ProbeSettings:
     split: str = "test"  # the problems' split
     limit: int = 64  # problems (the same for every arm)
     # counterfactual arms, each against the unmodified hierarchy: no_plan | other_plan | no_reflection | mixed |
-    # executors_alone (meta_agent/probe.py)
+    # executors_alone (meta_agent/evaluation/probe.py)
     arms: list[str] = field(default_factory=lambda: list(PROBE_ARMS))
     # arm mixed: the meta-thinker's adapters (a run folder, checkpoint or adapters folder); null: adapters=
     meta_thinker_from: str | None = None

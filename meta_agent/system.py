@@ -9,9 +9,9 @@ from pathlib import Path
 from memory.embedders import SentenceEmbedder
 from memory.settings import open_memory
 from memory.types import Memory
-from meta_agent.chat import ChatFormat
+from meta_agent.episode.chat import ChatFormat
+from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.errors import MissingFile, SettingError
-from meta_agent.runner import EpisodeFactory
 from meta_agent.settings import Config, RoleConfig
 from meta_agent.tasks import grade_task
 from tools import TOOL_NAMES, PythonSandbox, SandboxUnavailable, default_registry

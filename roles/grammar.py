@@ -24,7 +24,7 @@ class Grammar:
     verdict: tuple[str, str] = ("<verdict>", "</verdict>")
     # A revision of one step of the plan: <fix step="2">Subtract 1,660.</fix> (apply_fix)
     fix: tuple[str, str] = ("<fix", "</fix>")
-    # memory.internal=summary: the running state a reflection rewrites for the next (meta_agent.internal_memory)
+    # memory.internal=summary: the running state a reflection rewrites for the next (meta_agent.episode.internal_memory)
     notes: tuple[str, str] = ("<notes>", "</notes>")
 
     def executor_stops(self) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.vllm import BACKENDS, build, compare, paired_difference, parse_args, rollout_requests
-from meta_agent.runner import request_seed
+from meta_agent.episode.runner import request_seed
 from tests.bench_run import run_bench
 from tests.tiny_model import build_tiny_model
 

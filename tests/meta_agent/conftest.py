@@ -9,9 +9,9 @@ import pytest
 
 from memory.embedders import SentenceEmbedder
 from memory.types import MemoryHit
-from meta_agent.chat import ChatFormat
 from meta_agent.config import load_config
-from meta_agent.episode import Episode, Limits
+from meta_agent.episode.chat import ChatFormat
+from meta_agent.episode.protocol import Episode, Limits
 from meta_agent.tasks import Task, grade_task, make_arith_tasks
 from roles import RoleSpec
 from tools import default_registry

@@ -1,6 +1,6 @@
 """The chat format: prompts from the tokenizer's chat template, as token ids."""
 
-from meta_agent.chat import ChatFormat
+from meta_agent.episode.chat import ChatFormat
 
 
 def test_prompt_uses_the_chat_template(tokenizer):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from meta_agent.credit import (
+from meta_agent.analysis.metrics import rollout_metrics
+from meta_agent.learning.credit import (
     advantage_shares,
     assign_advantages,
     credit_metrics,
     credited_roles,
     training_turns,
 )
-from meta_agent.metrics import rollout_metrics
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASKS, answer
 from training.grpo import trainable_turns
 from training.types import Turn

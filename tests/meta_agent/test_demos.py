@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.demos import (
+from meta_agent.demos.build import (
     GENERIC_PLAN,
     DemoError,
     Segment,
@@ -26,8 +26,8 @@ from meta_agent.demos import (
     read_demos,
     write_demos,
 )
-from meta_agent.episode import Limits
-from meta_agent.runner import EpisodeFactory
+from meta_agent.episode.protocol import Limits
+from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade, grade_task, load_tasks, make_arith_tasks
 from roles import Grammar, states_answer
 

@@ -7,9 +7,9 @@ import warnings
 import pytest
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, seed_test
 
-from meta_agent.env import MetaAgentEnv, ParallelExecutorsEnv
-from meta_agent.episode import Limits
-from meta_agent.runner import EpisodeFactory
+from meta_agent.env.environments import MetaAgentEnv, ParallelExecutorsEnv
+from meta_agent.episode.protocol import Limits
+from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.tasks import grade_task
 from tests.meta_agent.conftest import PLAN, REFLECTION, ROLE_CONFIGS, TASK, TASKS, answer, tool_call
 

@@ -11,9 +11,8 @@ from pettingzoo import ParallelEnv
 from pettingzoo.test import api_test
 
 from meta_agent.cli import main
-from meta_agent.credit import assign_advantages, training_turns
-from meta_agent.env import FeedbackEnv
-from meta_agent.env_rollout import (
+from meta_agent.env.environments import FeedbackEnv
+from meta_agent.env.rollout import (
     EnvEpisode,
     check_env_settings,
     env_accuracy,
@@ -21,8 +20,9 @@ from meta_agent.env_rollout import (
     env_maker,
     env_seed,
 )
+from meta_agent.episode.runner import EpisodeFactory, play
 from meta_agent.errors import SettingError
-from meta_agent.runner import EpisodeFactory, play
+from meta_agent.learning.credit import assign_advantages, training_turns
 from meta_agent.tasks import Task, grade_task
 from tests.meta_agent.test_train_cli import TINY
 from training.distributed import Ranks
@@ -118,8 +118,8 @@ def test_env_maker_names_each_mistake_in_one_line():
     check_env_settings("grpo", "none")  # an env episode has no reflection to leave out: as episode
     with pytest.raises(SettingError, match=r"train.env=nope: neither a built-in env \['feedback'\]"):
         env_maker("nope", {})
-    with pytest.raises(SettingError, match="cannot load 'Missing' from 'meta_agent.env'"):
-        env_maker("meta_agent.env:Missing", {})
+    with pytest.raises(SettingError, match="cannot load 'Missing' from 'meta_agent.env.environments'"):
+        env_maker("meta_agent.env.environments:Missing", {})
     with pytest.raises(SettingError, match="train.env_args: feedback does not take them"):
         env_maker("feedback", {"rounds": 2})
     with pytest.raises(SettingError, match="made a int, not a PettingZoo AECEnv"):

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from memory.types import MemoryEntry, MemoryHit
-from meta_agent.episode import Limits
-from meta_agent.trace import TraceWriter, episode_dict, episode_markdown
+from meta_agent.episode.protocol import Limits
+from meta_agent.episode.trace import TraceWriter, episode_dict, episode_markdown
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
 
 CALC = tool_call("calculator", expression=TASK.meta["expression"])

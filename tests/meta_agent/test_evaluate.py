@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from meta_agent.analysis.stats import normal_answer
 from meta_agent.cli import main
-from meta_agent.evaluate import pass_ks, score
-from meta_agent.stats import normal_answer
+from meta_agent.evaluation.evaluate import pass_ks, score
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASKS, answer
 from tests.meta_agent.test_saved_adapters import FAST
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from meta_agent.metrics import rollout_metrics
-from meta_agent.prompts import Markers, environment_markers, neutralise
-from meta_agent.trace import TraceWriter, episode_markdown
+from meta_agent.analysis.metrics import rollout_metrics
+from meta_agent.episode.prompts import Markers, environment_markers, neutralise
+from meta_agent.episode.trace import TraceWriter, episode_markdown
 from roles import Grammar
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
 

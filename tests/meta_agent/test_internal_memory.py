@@ -10,10 +10,8 @@ import json
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.demos import make_demos
-from meta_agent.episode import REFLECT, Episode, Limits
-from meta_agent.evaluate import score
-from meta_agent.internal_memory import (
+from meta_agent.demos.build import make_demos
+from meta_agent.episode.internal_memory import (
     NOTES_CHARS,
     Summary,
     Truncate,
@@ -23,7 +21,9 @@ from meta_agent.internal_memory import (
     round_note,
     with_notes,
 )
-from meta_agent.prompts import NOTES_HEADER
+from meta_agent.episode.prompts import NOTES_HEADER
+from meta_agent.episode.protocol import REFLECT, Episode, Limits
+from meta_agent.evaluation.evaluate import score
 from meta_agent.tasks import grade_task
 from roles import Grammar, parse_notes
 from tests.meta_agent.conftest import PLAN, TASK, answer

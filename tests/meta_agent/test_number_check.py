@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from meta_agent.episode import Limits
-from meta_agent.prompts import CHECK_HEADER, number_check, whole_numbers
+from meta_agent.episode.prompts import CHECK_HEADER, number_check, whole_numbers
+from meta_agent.episode.protocol import Limits
 from meta_agent.tasks import Task
 from tests.meta_agent.conftest import answer, tool_call
 

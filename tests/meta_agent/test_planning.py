@@ -1,4 +1,4 @@
-"""Tree search over the meta-thinker's plans (meta_agent.planning): the selection rule by hand, and
+"""Tree search over the meta-thinker's plans (meta_agent.evaluation.planning): the selection rule by hand, and
 whole searches on real episodes with a scripted backend whose plans differ in how often they work."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from meta_agent.analysis.stats import majority, normal_answer
 from meta_agent.config import load_config
-from meta_agent.episode import Limits
+from meta_agent.episode.protocol import Limits
+from meta_agent.episode.runner import EpisodeFactory, play
 from meta_agent.errors import SettingError
-from meta_agent.planning import (
+from meta_agent.evaluation.planning import (
     Node,
     PlannerSettings,
     Search,
@@ -29,8 +31,6 @@ from meta_agent.planning import (
     searches,
     select,
 )
-from meta_agent.runner import EpisodeFactory, play
-from meta_agent.stats import majority, normal_answer
 from meta_agent.tasks import grade_task
 from tests.meta_agent.conftest import TASK, TASKS, answer
 from training.types import GenerationResult
@@ -259,7 +259,7 @@ def test_a_later_chunk_samples_as_one_search_of_all_problems(factory, chat):
 
 
 def test_a_wave_spends_what_the_token_budget_has_left():
-    from meta_agent.planning import wave_size
+    from meta_agent.evaluation.planning import wave_size
 
     free = PlannerSettings(simulations=10, parallel=4)
     assert [wave_size(free, done, 0) for done in (0, 8, 10)] == [4, 2, 0]
@@ -325,8 +325,8 @@ class KnowsTheAnswers(Scripted):
 def test_search_demos_write_the_plans_that_sft_reads_back(role_sets, chat, registry, tmp_path):
     from types import SimpleNamespace
 
-    from meta_agent.demos import read_demos, write_demos
-    from meta_agent.sft import search_demos
+    from meta_agent.demos.build import read_demos, write_demos
+    from meta_agent.learning.sft import search_demos
     from meta_agent.tasks import load_tasks
 
     cfg = load_config(["planner.name=mcts", "planner.simulations=2", "planner.parallel=2", "sft.examples=3"])
@@ -402,7 +402,7 @@ def test_leaf_state_by_hand(factory, chat):
         while path[-1].children:
             path.append(path[-1].children[0])
         assert len(path) == rounds + 1
-        from meta_agent.planning import Simulation
+        from meta_agent.evaluation.planning import Simulation
 
         sim = Simulation(0, path, result.episode, 0, [], 0)
         role, ids = leaf_state(sim)

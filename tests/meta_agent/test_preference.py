@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from meta_agent.preference import mine_pairs, pair_metrics
+from meta_agent.learning.preference import mine_pairs, pair_metrics
 from roles import RewardSpec
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer
 from tests.meta_agent.test_rounds import CALC, REVISE, WRONG
@@ -82,7 +82,7 @@ def test_bad_dpo_settings_name_the_key():
 
 
 def test_distinct_texts_pair_by_their_mean_value_so_no_two_pairs_contradict():
-    from meta_agent.preference import _matched
+    from meta_agent.learning.preference import _matched
     from training.types import Turn
 
     def turn(text, episode):
@@ -106,7 +106,7 @@ def test_a_resumed_dpo_stage_scores_against_the_adapters_it_began_with(tokenizer
     import torch
 
     from meta_agent.errors import SettingError
-    from meta_agent.train import REFERENCE_FILES, stage_reference
+    from meta_agent.learning.train import REFERENCE_FILES, stage_reference
     from tests.tiny_model import build_tiny_backbone
     from training.backbone import AdapterConfig
     from training.distributed import Ranks

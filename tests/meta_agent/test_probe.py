@@ -8,8 +8,8 @@ import torch
 
 from meta_agent.cli import main
 from meta_agent.config import load_config
-from meta_agent.probe import derangement, mixed_slots, probe
-from meta_agent.runner import request_seed
+from meta_agent.episode.runner import request_seed
+from meta_agent.evaluation.probe import derangement, mixed_slots, probe
 from meta_agent.system import build_system
 from meta_agent.tasks import load_tasks
 from tests.meta_agent.test_saved_adapters import FAST, save_changed_adapters

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.demo_code import pyfunc_actions
-from meta_agent.demos import make_demos
+from meta_agent.demos.build import make_demos
+from meta_agent.demos.code import pyfunc_actions
 from meta_agent.tasks import grade_task, load_tasks
 from meta_agent.tasks.code import read_gold
 from meta_agent.tasks.pyfunc import BY_KIND, TEMPLATES, make_pyfunc_tasks, problem_key, reference

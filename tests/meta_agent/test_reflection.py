@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from meta_agent.adherence import arithmetic_adherence, call_texts, plan_steps
-from meta_agent.episode_records import RoundRecord
-from meta_agent.reflection import Reflected, final_answer_round, reflection_metrics, transitions, verdicts
+from meta_agent.analysis.adherence import arithmetic_adherence, call_texts, plan_steps
+from meta_agent.analysis.reflection import (
+    Reflected,
+    final_answer_round,
+    reflection_metrics,
+    transitions,
+    verdicts,
+)
+from meta_agent.episode.records import RoundRecord
 
 
 def rounds(*spec: tuple[bool, str | None]) -> tuple[RoundRecord, ...]:

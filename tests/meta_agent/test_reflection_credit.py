@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from meta_agent.config import load_config
-from meta_agent.credit import assign_advantages
 from meta_agent.errors import SettingError
+from meta_agent.learning.credit import assign_advantages
 from roles import META_THINKER, Outcome, RewardSpec, reflection_reward, role_reward, round_reflection_reward
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer
 from tests.meta_agent.test_rounds import CALC, REVISE, WRONG
@@ -138,7 +138,7 @@ def test_round_credit_needs_a_reflection_weight():
 def test_gae_gives_each_turn_of_an_episode_its_own_advantage(make_episode):
     """plan -> wrong answer -> revise -> right answer -> accept, valued by hand. The meta-thinker's plan
     and two reflections are one trajectory, the executor's two rounds another, each rewarded at its end."""
-    from meta_agent.credit import assign_gae, training_turns
+    from meta_agent.learning.credit import assign_gae, training_turns
 
     ep = two_rounds(make_episode, True)
     assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
@@ -180,7 +180,7 @@ def test_the_update_learns_from_reflections_unless_their_credit_is_none(
 ):
     import json
 
-    from meta_agent.train import train
+    from meta_agent.learning.train import train
     from tests.meta_agent.test_train_cli import TINY
     from training.distributed import Ranks
     from training.trainer import PolicyTrainer

@@ -3,9 +3,9 @@ in the episode record and in its traces; and the probes' episode options (plan h
 
 from __future__ import annotations
 
-from meta_agent.episode import Limits
-from meta_agent.reflection import reflected, reflection_metrics
-from meta_agent.trace import episode_dict, episode_markdown
+from meta_agent.analysis.reflection import reflected, reflection_metrics
+from meta_agent.episode.protocol import Limits
+from meta_agent.episode.trace import episode_dict, episode_markdown
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
 
 CALC = tool_call("calculator", expression=TASK.meta["expression"])
@@ -85,7 +85,7 @@ def test_two_executors_answer_for_their_round(make_episode):
 
 
 def test_probe_options_hide_the_plan_and_swap_adapters(make_episode, role_sets, chat, registry):
-    from meta_agent.episode import Episode
+    from meta_agent.episode.protocol import Episode
     from meta_agent.tasks import grade_task
 
     ep = Episode(
@@ -129,7 +129,7 @@ def test_model_text_cannot_forge_the_rounds_table_or_escape_the_page(make_episod
     assert len(table) == 3  # the header, its rule and round 1: nothing the model wrote
     assert not any("| 2 |" in row for row in table)  # the forged row stayed inside its code block
 
-    from meta_agent.report import episode_html
+    from meta_agent.analysis.report import episode_html
 
     page = episode_html(episode_dict(ep, step="<b>1</b>"))
     assert "<script>" not in page and "&lt;script&gt;" in page and "<b>1</b>" not in page

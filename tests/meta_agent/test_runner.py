@@ -8,9 +8,9 @@ import pytest
 
 from memory.settings import MemorySettings
 from memory.store import FaissMemory
-from meta_agent.episode import Episode, Limits
+from meta_agent.episode.protocol import Episode, Limits
+from meta_agent.episode.runner import EpisodeFactory, play, request_seed
 from meta_agent.rank_protocol import commit_lessons
-from meta_agent.runner import EpisodeFactory, play, request_seed
 from meta_agent.tasks import Task, grade_task
 from tests.meta_agent.conftest import PLAN, TASKS, answer, tool_call
 from training.distributed import Ranks

@@ -250,7 +250,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     from memory.embedders import HashingEmbedder
     from memory.store import FaissMemory
-    from meta_agent.train import commit_lessons
+    from meta_agent.learning.train import commit_lessons
     from training.distributed import Ranks
 
     ranks = Ranks.start("cpu")

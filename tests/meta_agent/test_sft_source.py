@@ -10,7 +10,7 @@ from peft import get_peft_model_state_dict
 
 from meta_agent.cli import main
 from meta_agent.config import load_config
-from meta_agent.sft import run_sft, sft_turns
+from meta_agent.learning.sft import run_sft, sft_turns
 from meta_agent.system import build_system
 from training.distributed import Ranks
 from training.run_log import RunLog

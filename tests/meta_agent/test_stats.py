@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from meta_agent.stats import (
+from meta_agent.analysis.stats import (
     SeedInterval,
     majority,
     mean_interval,

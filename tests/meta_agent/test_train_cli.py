@@ -198,8 +198,8 @@ def test_interrupted_and_resumed_run_ends_with_the_same_adapters(tiny_model_dir,
 def test_a_failed_run_closes_and_keeps_what_it_wrote(tiny_model_dir, tmp_path, monkeypatch):
     """An error in a GRPO step reaches the caller, after the system is closed (a vLLM engine stops) and
     the logs of the steps before it are flushed to their files."""
-    from meta_agent import train as train_module
     from meta_agent.config import load_config
+    from meta_agent.learning import train as train_module
     from meta_agent.system import System
     from training.trainer import PolicyTrainer
 
@@ -228,8 +228,8 @@ def test_gae_trains_value_heads_beside_the_adapters_and_checkpoints_them(tiny_mo
     logged) and keeps them in its checkpoints."""
     import torch
 
-    from meta_agent import train as train_module
     from meta_agent.config import load_config
+    from meta_agent.learning import train as train_module
 
     run_dir = tmp_path / "run"
     overrides = [f"model.path={tiny_model_dir}", *TINY, "train.steps=2", "train.checkpoint_every=1"]

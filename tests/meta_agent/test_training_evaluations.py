@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from meta_agent.config import load_config
-from meta_agent.train import train
+from meta_agent.learning.train import train
 from tests.meta_agent.test_train_cli import TINY
 from training.distributed import Ranks
 
@@ -86,7 +86,7 @@ def test_every_rollout_after_an_evaluation_starts_with_no_cached_prompt_state(
     """The untrained evaluation and step 1's come right before a rollout, with the weights they ran with
     (the untrained one changes no weight at all): their cached states must not be reused, or the rollout's
     float sums differ from those of a run resumed there."""
-    import meta_agent.train as training_loop
+    import meta_agent.learning.train as training_loop
 
     cached_at_rollout = []
     rollout = training_loop.rollout

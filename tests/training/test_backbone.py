@@ -8,7 +8,7 @@ import pytest
 import torch
 from peft import PeftModel
 
-from meta_agent.chat import ChatFormat
+from meta_agent.episode.chat import ChatFormat
 from tests.conftest import ROLES
 from tests.tiny_model import build_tiny_backbone, build_tiny_model
 from training.backbone import AdapterConfig, Backbone

@@ -108,7 +108,7 @@ def test_a_bad_kl_reference_names_the_key_and_a_sharded_backbone_is_refused_at_l
 
 def test_the_grpo_stage_keeps_its_start_for_resume_only_where_its_kl_reads_it(tokenizer, tmp_path):
     from meta_agent.errors import SettingError
-    from meta_agent.train import REFERENCE_FILES, stage_reference
+    from meta_agent.learning.train import REFERENCE_FILES, stage_reference
     from training.distributed import Ranks
 
     def cfg(beta: float, kl_reference: str, resume: str | None = None):

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from meta_agent.chat import ChatFormat
+from meta_agent.episode.chat import ChatFormat
 from training import model_files
 from training.backbone import AdapterConfig, Backbone
 from training.generation import HFBackend

@@ -16,7 +16,7 @@ def chat_ids(tokenizer, text: str) -> tuple[int, ...]:
 
 
 def with_advantages(turns: Sequence[Turn], *, scale: bool = True) -> list[Turn]:
-    """Each turn with its reward normalised within its (role, group) group: what meta_agent.credit gives
+    """Each turn with its reward normalised within its (role, group) group: what meta_agent.learning.credit gives
     the turns of one-turn-per-role episodes."""
     advantages = group_advantages([t.reward for t in turns], [(t.role, t.group) for t in turns], scale=scale)
     return [replace(t, advantage=a) for t, a in zip(turns, advantages, strict=True)]

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from meta_agent.episode import Episode
-from meta_agent.episode_records import EXECUTE, PLAN, REFLECT, TurnRecord
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.records import EXECUTE, PLAN, REFLECT, TurnRecord
 from roles import META_THINKER, round_reflection_reward
 from training.preference import PreferencePair
 from training.types import Turn

@@ -13,20 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from memory.types import MemoryHit
-from meta_agent.chat import ChatFormat
-from meta_agent.episode_records import (
-    EXECUTE,
-    PLAN,
-    REFLECT,
-    Limits,
-    PlayedEpisode,
-    Request,
-    RoundRecord,
-    ToolCall,
-    TurnRecord,
-)
-from meta_agent.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
-from meta_agent.prompts import (
+from meta_agent.episode.chat import ChatFormat
+from meta_agent.episode.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
+from meta_agent.episode.prompts import (
     CHECK_HEADER,
     NOTES_HEADER,
     environment_markers,
@@ -40,6 +29,17 @@ from meta_agent.prompts import (
     without_notes,
     without_plans,
     work_block,
+)
+from meta_agent.episode.records import (
+    EXECUTE,
+    PLAN,
+    REFLECT,
+    Limits,
+    PlayedEpisode,
+    Request,
+    RoundRecord,
+    ToolCall,
+    TurnRecord,
 )
 from meta_agent.tasks import Task
 from roles import (
@@ -113,10 +113,10 @@ class Episode(PlayedEpisode):
     ):
         """`final_reflection=False` ends the episode after the executors of the last round: that
         reflection can neither revise nor change the answer, only write a lesson (scoring that keeps
-        no lessons skips it). The counterfactual probes (meta_agent.probe) change two more things:
+        no lessons skips it). The counterfactual probes (meta_agent.evaluation.probe) change two more things:
         `show_plan=False` keeps the plan out of the executors' prompts, and `adapters` maps a role to
         the adapter its requests run on (default: the role's own). `internal` is what the meta-thinker
-        carries from one reflection to the next (meta_agent.internal_memory; default: nothing)."""
+        carries from one reflection to the next (meta_agent.episode.internal_memory; default: nothing)."""
         check_roles(roles)
         self.task = task
         self.roles = {r.name: r for r in roles}

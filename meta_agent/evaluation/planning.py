@@ -44,11 +44,11 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from meta_agent.episode import Episode
-from meta_agent.episode_records import EXECUTE, PLAN, REFLECT
+from meta_agent.analysis.stats import majority, normal_answer
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.records import EXECUTE, PLAN, REFLECT
+from meta_agent.episode.runner import EpisodeFactory, next_requests
 from meta_agent.errors import SettingError
-from meta_agent.runner import EpisodeFactory, next_requests
-from meta_agent.stats import majority, normal_answer
 from meta_agent.tasks import Task
 from training.backbone import Backbone
 from training.checkpoint import load_value_heads
@@ -64,7 +64,7 @@ class PlannerSettings:
     """The `planner:` settings: tree search over the meta-thinker's plans, or best-of-N episodes, in eval and
     solve, and in `meta-agent demos` (the chosen plans as the meta-thinker's demonstrations)."""
 
-    # none (one episode per problem) | mcts (the tree search in meta_agent/planning.py) | best_of_n (the
+    # none (one episode per problem) | mcts (the tree search in meta_agent/evaluation/planning.py) | best_of_n (the
     # majority answer of `simulations` independent episodes: self-consistency)
     name: str = "none"
     simulations: int = 8  # episodes per problem (the search's budget) ...
@@ -621,7 +621,7 @@ def searched_plans(results: Sequence[SearchResult], meta: str) -> list[Episode]:
     simulation that reached that answer), with only the meta-thinker's turns
     left to learn: its plan and its reflections on the way (a revision, or the accept of a round before the
     last; the last round's reflection is played only under `planner.value=verdict`). The executors' turns
-    get loss mask 0, so a demonstrations file (meta_agent.demos.write_demos) keeps the meta-thinker's turns
+    get loss mask 0, so a demonstrations file (meta_agent.demos.build.write_demos) keeps the meta-thinker's turns
     alone, their prompts showing the executors' work where the protocol shows it (a reflection's).
     Episodes whose plan stated the answer, or whose meta-thinker turns broke their format, are left out."""
     kept = []

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from meta_agent.episode import Episode
-from meta_agent.episode_records import EXECUTE
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.records import EXECUTE
 from roles import step_texts
 
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")

@@ -21,11 +21,17 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
-from meta_agent.chat import ChatFormat
-from meta_agent.demo_arith import ARITH_STEPS, STYLES, arith_actions, arith_ops, check_lines, distract_actions
-from meta_agent.demo_code import pyfunc_actions
-from meta_agent.demo_gsm8k import MAX_PLAN_STEPS, gsm8k_actions
-from meta_agent.demo_script import (
+from meta_agent.demos.arith import (
+    ARITH_STEPS,
+    STYLES,
+    arith_actions,
+    arith_ops,
+    check_lines,
+    distract_actions,
+)
+from meta_agent.demos.code import pyfunc_actions
+from meta_agent.demos.gsm8k import MAX_PLAN_STEPS, gsm8k_actions
+from meta_agent.demos.script import (
     GENERIC_PLAN,
     GRAMMAR,
     MAX_PLAN_CHARS,
@@ -34,10 +40,11 @@ from meta_agent.demo_script import (
     calculate,
     plan_text,
 )
-from meta_agent.episode import EXECUTE, PLAN, REFLECT, Episode, Limits
+from meta_agent.episode.chat import ChatFormat
+from meta_agent.episode.internal_memory import InternalMemory
+from meta_agent.episode.protocol import EXECUTE, PLAN, REFLECT, Episode, Limits
+from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.errors import BadData, MissingFile, SettingError
-from meta_agent.internal_memory import InternalMemory
-from meta_agent.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade_task, load_tasks, make_arith_tasks
 from roles import RoleSpec, executors, meta_thinker
 from tools.registry import ToolRegistry
@@ -213,7 +220,7 @@ def make_demos(
     whatever its verdict (distract_actions' `check`). gsm8k: rows in
     file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit `limits`
     are skipped, so fewer than `n` come back only when the file runs out. `internal`: what the
-    meta-thinker carries between reflections (meta_agent.internal_memory); its reflections are written so.
+    meta-thinker carries between reflections (meta_agent.episode.internal_memory); its reflections are written so.
     """
     if name not in SOURCES:
         raise SettingError(
@@ -306,7 +313,7 @@ def read_demos(
     if not path.is_file():
         raise MissingFile(
             f"demonstration file {path} not found: write it with "
-            f"`meta-agent demos sft.source=arith demos_out={path}` (or meta_agent.demos.write_demos)"
+            f"`meta-agent demos sft.source=arith demos_out={path}` (or meta_agent.demos.build.write_demos)"
         )
     turns = []
     with path.open(encoding="utf-8") as f:

@@ -12,7 +12,7 @@ An internal memory is three pure functions of text (the InternalMemory protocol)
 structured state, a fixed-format log) plugs in through Episode(internal=...) or the EpisodeFactory and
 must pass `check_internal_memory`. The episode hands it reflections as recorded (what in them imitates the
 environment already quoted), and quotes what it carries once more before showing it: a note whose own
-header lands at the start of a line once the tags are stripped is still quoted (meta_agent.prompts).
+header lands at the start of a line once the tags are stripped is still quoted (meta_agent.episode.prompts).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from memory.settings import INTERNAL_KINDS
-from meta_agent.prompts import tail
+from meta_agent.episode.prompts import tail
 from roles import Grammar, parse_notes, parse_reflection
 
 NOTES_CHARS = 600  # the carried notes are cut to their last this many characters: a runaway note stays small

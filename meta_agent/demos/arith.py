@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import replace
 
-from meta_agent.demo_script import (
+from meta_agent.demos.script import (
     GENERIC_PLAN,
     GRAMMAR,
     DemoScript,

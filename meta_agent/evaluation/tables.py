@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
-from meta_agent.evaluate import TaskScore
+from meta_agent.evaluation.evaluate import TaskScore
 
 # The reflection metrics a reader looks at first, in reading order (every one is in eval.json).
 REFLECTION_ROWS = (
@@ -72,7 +72,7 @@ def accuracy_table(scores: Mapping[str, TaskScore], title: str) -> Table:
 
 
 def reflection_table(columns: Mapping[str, TaskScore]) -> Table:
-    """One column per evaluated (task, seed): what the reflections did (meta_agent.reflection)."""
+    """One column per evaluated (task, seed): what the reflections did (meta_agent.analysis.reflection)."""
     table = Table(title="reflection (n/a: nothing to compute it from)")
     table.add_column("metric")
     for name in columns:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from meta_agent.demo_script import (
+from meta_agent.demos.script import (
     GRAMMAR,
     DemoScript,
     Segment,
@@ -22,7 +22,7 @@ from meta_agent.demo_script import (
     plan_text,
     reflection_text,
 )
-from meta_agent.episode import Limits
+from meta_agent.episode.protocol import Limits
 from meta_agent.tasks import Task
 from roles import Grammar
 from tools.calculator import evaluate

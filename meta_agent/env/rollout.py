@@ -17,8 +17,8 @@ episode is right when an agent's final `infos` say `correct`, or, for an env tha
 when some agent's reward summed positive. The episode ends when every agent is done, after
 `protocol.max_turns` actions, or when the roles have generated `protocol.max_new_tokens`.
 
-`EnvEpisode` is shaped as meta_agent.episode.Episode is for the batched runner (meta_agent.runner.play),
-the credit (meta_agent.credit), the logged metrics and the traces, so the trainer's loop is the same.
+`EnvEpisode` is shaped as meta_agent.episode.protocol.Episode is for the batched runner (meta_agent.episode.runner.play),
+the credit (meta_agent.learning.credit), the logged metrics and the traces, so the trainer's loop is the same.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
-from meta_agent.env import FeedbackEnv
-from meta_agent.episode_records import Limits, PlayedEpisode, Request, RoundRecord, TurnRecord
+from meta_agent.env.environments import FeedbackEnv
+from meta_agent.episode.prompts import Markers, neutralise
+from meta_agent.episode.records import Limits, PlayedEpisode, Request, RoundRecord, TurnRecord
+from meta_agent.episode.runner import EpisodeFactory, play
 from meta_agent.errors import SettingError
-from meta_agent.prompts import Markers, neutralise
-from meta_agent.runner import EpisodeFactory, play
 from meta_agent.tasks import Task
 from roles import RoleSpec
 from training.distributed import Ranks

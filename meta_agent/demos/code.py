@@ -19,7 +19,7 @@ import random
 import string
 from dataclasses import replace
 
-from meta_agent.demo_script import (
+from meta_agent.demos.script import (
     GRAMMAR,
     DemoScript,
     Revision,

@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from meta_agent.episode import Episode
+from meta_agent.analysis.reflection import reflected, reflection_metrics
+from meta_agent.analysis.stats import PairedDifference, paired_difference
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.runner import next_requests, play
 from meta_agent.errors import SettingError
-from meta_agent.reflection import reflected, reflection_metrics
-from meta_agent.runner import next_requests, play
 from meta_agent.settings import ProbeSettings
-from meta_agent.stats import PairedDifference, paired_difference
 from meta_agent.system import System, adapters_folder, load_saved_adapters
 from meta_agent.tasks import Task
 from roles import executors, meta_thinker

@@ -213,7 +213,7 @@ def write_report(run_dir: Path) -> Path:
     parts = [
         f"<h1>Run {html.escape(run_dir.name)}</h1>",
         f"<p>{len({r['step'] for r in rows})} logged steps, {len(traces)} traced episodes. "
-        "Rates of the reflection metrics are over the rounds or transitions they name (meta_agent/reflection.py).</p>",
+        "Rates of the reflection metrics are over the rounds or transitions they name (meta_agent/analysis/reflection.py).</p>",
     ]
     for name in FIGURES:
         path, _ = draw(rows, name, figures)

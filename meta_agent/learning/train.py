@@ -25,22 +25,22 @@ from pettingzoo import AECEnv
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meta_agent.analysis.metrics import rollout_metrics
+from meta_agent.analysis.reflection import defined, reflected, reflection_metrics
 from meta_agent.config import commented_yaml, hparams
-from meta_agent.credit import assign_advantages, assign_gae, credit_metrics, training_turns
-from meta_agent.env_rollout import check_env_settings, env_accuracy, env_episodes, env_maker
-from meta_agent.episode import Episode
+from meta_agent.env.rollout import check_env_settings, env_accuracy, env_episodes, env_maker
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.runner import play
+from meta_agent.episode.trace import TraceWriter, write_step_traces
 from meta_agent.errors import SettingError
-from meta_agent.evaluate import held_out_accuracy
-from meta_agent.metrics import rollout_metrics
-from meta_agent.preference import mine_pairs, pair_metrics
+from meta_agent.evaluation.evaluate import held_out_accuracy
+from meta_agent.learning.credit import assign_advantages, assign_gae, credit_metrics, training_turns
+from meta_agent.learning.preference import mine_pairs, pair_metrics
+from meta_agent.learning.sft import run_sft, sft_turns
 from meta_agent.rank_protocol import check_ranks_agree, commit_lessons, join, rank0_first, rollback_memory
-from meta_agent.reflection import defined, reflected, reflection_metrics
-from meta_agent.runner import play
 from meta_agent.settings import Config
-from meta_agent.sft import run_sft, sft_turns
 from meta_agent.system import System, build_system, policy_trainer
 from meta_agent.tasks import Task, next_tasks
-from meta_agent.trace import TraceWriter, write_step_traces
 from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
 from training.distributed import Ranks

@@ -3,7 +3,7 @@
     plan = plan_text(["Multiply the crates by the bolts.", "Add the bolts that come in."], "42")
     work = (Segment(call_text("12 * 3", GRAMMAR), "36"), Segment(answer_text("36", GRAMMAR)))
 
-Shared by the arith (demo_arith) and GSM8K (demo_gsm8k) script builders; meta_agent.demos plays them.
+Shared by the arith (demos.arith) and GSM8K (demos.gsm8k) script builders; meta_agent.demos.build plays them.
 """
 
 from __future__ import annotations

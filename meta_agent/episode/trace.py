@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from meta_agent.episode import Episode
+from meta_agent.episode.protocol import Episode
 from training.run_log import RunLog
 
 

@@ -1,6 +1,6 @@
 """The text blocks a turn's prompt is built from: lessons, the work so far, a previous attempt.
 
-Pure functions of what the episode recorded (meta_agent.episode builds each turn's messages from them).
+Pure functions of what the episode recorded (meta_agent.episode.protocol builds each turn's messages from them).
 Model text enters these prompts as data: it is cut to its last WORK_CHARS characters, never interpreted,
 and what in it imitates the environment (a tool result, a lesson block, another role's header, a chat
 special token) is quoted by `neutralise` before anyone reads it.
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from memory.types import MemoryHit
-from meta_agent.episode_records import TurnRecord
+from meta_agent.episode.records import TurnRecord
 from roles import Grammar, without_step_numbers
 
 WORK_CHARS = 1500  # how much of an executor's work the meta-thinker and later executors see
@@ -23,7 +23,9 @@ LESSONS_HEADER = "Lessons from similar problems:"
 WORK_HEADER = "Work so far:"
 PREVIOUS_HEADER = "Previous attempt:"
 REFLECTION_HEADER = "The meta-thinker's reflection:"
-NOTES_HEADER = "Your notes from earlier rounds:"  # memory.internal=summary (meta_agent.internal_memory)
+NOTES_HEADER = (
+    "Your notes from earlier rounds:"  # memory.internal=summary (meta_agent.episode.internal_memory)
+)
 CHECK_HEADER = "The question's numbers, against the plan and the work:"  # protocol.number_check
 _QUOTED = str.maketrans("<>[]", "\u2039\u203a\u2039\u203a")  # < > [ ] -> single guillemets
 
@@ -134,7 +136,7 @@ def memory_block(memories: Sequence[MemoryHit]) -> str:
 
 
 def notes_block(state: str) -> str:
-    """What the internal memory carries to a reflection (meta_agent.internal_memory), quoted already."""
+    """What the internal memory carries to a reflection (meta_agent.episode.internal_memory), quoted already."""
     return f"{NOTES_HEADER}\n{state}\n\n" if state else ""
 
 

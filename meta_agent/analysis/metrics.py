@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meta_agent.episode import Episode
+from meta_agent.episode.protocol import Episode
 from roles import RoleSpec
 
 
 def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> dict[str, float]:
     """Accuracy, tools, memory and truncation per episode; per role its answers' accuracy, response
-    length, tool use and kept format. Rounds and leaks are reflection metrics (meta_agent.reflection)."""
+    length, tool use and kept format. Rounds and leaks are reflection metrics (meta_agent.analysis.reflection)."""
     n = max(len(episodes), 1)
     metrics = {
         "rollout/accuracy": sum(ep.correct for ep in episodes) / n,
@@ -24,7 +24,7 @@ def rollout_metrics(episodes: Sequence[Episode], roles: Sequence[RoleSpec]) -> d
         "rollout/tool_errors": sum(ep.tool_errors for ep in episodes) / n,
         "rollout/memory_hits": sum(len(ep.memories) for ep in episodes) / n,
         "rollout/truncated": sum(ep.truncated for ep in episodes) / n,
-        # A count, not a mean: every marker of the environment a role wrote itself (meta_agent.prompts).
+        # A count, not a mean: every marker of the environment a role wrote itself (meta_agent.episode.prompts).
         "rollout/forged_observations": float(sum(t.forged for ep in episodes for t in ep.turns)),
     }
     for role in roles:

@@ -4,7 +4,7 @@
 
 With `eval.samples=k` each problem is played k times at the roles' temperatures: pass@k (the unbiased
 estimator), maj@k (the majority answer's accuracy) and the mean accuracy with its 95% interval over
-problems; the reflection metrics (meta_agent.reflection) of every episode come with each score.
+problems; the reflection metrics (meta_agent.analysis.reflection) of every episode come with each score.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from meta_agent.episode import Episode
-from meta_agent.planning import Planner, searches
+from meta_agent.analysis.reflection import reflected, reflection_metrics
+from meta_agent.analysis.stats import majority, mean_interval, normal_answer, pass_at_k
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.runner import play
+from meta_agent.episode.trace import TraceWriter
+from meta_agent.evaluation.planning import Planner, searches
 from meta_agent.rank_protocol import commit_lessons
-from meta_agent.reflection import reflected, reflection_metrics
-from meta_agent.runner import play
 from meta_agent.settings import EvalSettings
-from meta_agent.stats import majority, mean_interval, normal_answer, pass_at_k
 from meta_agent.system import System
 from meta_agent.tasks import Task
-from meta_agent.trace import TraceWriter
 from training.distributed import Ranks
 
 
@@ -42,7 +42,7 @@ class TaskScore:
     maj_accuracy: float | None = None  # accuracy of each problem's majority answer (samples > 1)
     # 95% interval of the accuracy over problems (stats.mean_interval); None where none can be given
     interval: tuple[float, float] | None = None
-    reflection: dict[str, float | None] = field(default_factory=dict)  # meta_agent.reflection
+    reflection: dict[str, float | None] = field(default_factory=dict)  # meta_agent.analysis.reflection
     # the tokens of every turn's prompt as the environment built it (what memory.internal changes); a
     # search counts the episodes it shows
     prompt_tokens: int = 0
@@ -116,7 +116,7 @@ def evaluate(
     Lessons are committed per batch when `write_lessons` (default `settings.write_lessons`); held-out
     evaluation during training never writes what it saw of the test set into the memory it trains with.
     `final_reflection=False` skips the last round's reflection, which cannot change an answer.
-    A `planner` (meta_agent.planning.build_planner's, or a researcher's own Planner) answers each problem
+    A `planner` (meta_agent.evaluation.planning.build_planner's, or a researcher's own Planner) answers each problem
     with several episodes instead (searched, below).
     """
     if planner is not None:
@@ -155,7 +155,7 @@ def searched(
     traces: TraceWriter | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> dict[str, TaskScore]:
-    """Each problem answered by `planner` (meta_agent.planning), `settings.episodes_per_batch // planner.parallel`
+    """Each problem answered by `planner` (meta_agent.evaluation.planning), `settings.episodes_per_batch // planner.parallel`
     problems searched together. A score counts the chosen answers; its episodes are the simulations shown
     for them, its generated tokens every simulation's. The traces carry each problem's tree (`search`).
     A search writes no lessons (its simulations would read each other's) and plays the last round's

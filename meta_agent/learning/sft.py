@@ -15,10 +15,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from meta_agent.credit import training_turns
-from meta_agent.demos import demo_path, make_demos, read_demos
-from meta_agent.episode import Episode
-from meta_agent.planning import build_planner, searched_plans, searches
+from meta_agent.demos.build import demo_path, make_demos, read_demos
+from meta_agent.episode.protocol import Episode
+from meta_agent.evaluation.planning import build_planner, searched_plans, searches
+from meta_agent.learning.credit import training_turns
 from meta_agent.rank_protocol import load_rank0_adapters
 from meta_agent.settings import Config
 from meta_agent.system import System, policy_trainer
@@ -64,7 +64,7 @@ def search_demos(cfg: Config, system: System) -> list[Episode]:
     """Searched plans as demonstrations (`meta-agent demos planner.name=mcts|best_of_n adapters=...`): the first
     `sft.examples` problems of `train.task`'s train split (drawn by `seed`), each searched with the
     `planner:` settings by the loaded roles; the plans (and revisions) of the searches whose chosen answer
-    was right, as meta_agent.planning.searched_plans keeps them."""
+    was right, as meta_agent.evaluation.planning.searched_plans keeps them."""
     meta = meta_thinker(system.roles)
     assert meta is not None, "cmd_demos refuses a planner without a meta-thinker"
     tasks = cfg.tasks(cfg.train.task, "train", cfg.sft.examples)

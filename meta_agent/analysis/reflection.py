@@ -3,7 +3,7 @@
     metrics = reflection_metrics([reflected(ep) for ep in episodes])   # the `reflection/...` scalars
     counts = transitions([ep.rounds for ep in episodes])
 
-Pure functions of graded rounds (meta_agent.episode_records.RoundRecord: each round's answer, whether it
+Pure functions of graded rounds (meta_agent.episode.records.RoundRecord: each round's answer, whether it
 is correct, the meta-thinker's verdict, whether it ended the episode). A rate whose denominator is empty
 is None, which the logs leave out and the printed tables show as "n/a": never a made-up number.
 
@@ -18,7 +18,7 @@ is None, which the logs leave out and the printed tables show as "n/a": never a 
   shown the same plan (a fix that rewrote a step to what it already said, or a bare revise verdict), and
   the share whose next round gave the same answer again (it redid the same work).
 - plan adherence: the share of the plan's steps the executors carried out, where the task defines it
-  (meta_agent.adherence); the episodes it was measured on are counted.
+  (meta_agent.analysis.adherence); the episodes it was measured on are counted.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meta_agent.adherence import episode_adherence
-from meta_agent.episode import Episode
-from meta_agent.episode_records import RoundRecord
+from meta_agent.analysis.adherence import episode_adherence
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.records import RoundRecord
 from roles.grammar import ACCEPT, REVISE
 
 TRANSITIONS = ("wrong_to_right", "right_to_wrong", "right_to_right", "wrong_to_wrong")
@@ -133,7 +133,7 @@ class Reflected:
 
     rounds: tuple[RoundRecord, ...]
     leaked: bool  # the meta-thinker stated the answer where an executor reads it
-    adherence: float | None  # meta_agent.adherence.episode_adherence
+    adherence: float | None  # meta_agent.analysis.adherence.episode_adherence
     planned: bool = True  # a meta-thinker took part (without one nothing can leak)
 
 

@@ -1,5 +1,5 @@
 """What an episode records: its limits, the requests it makes, its turns and tool calls, and each
-round graded as it ends (meta_agent.episode fills them in; traces, credit and metrics read them)."""
+round graded as it ends (meta_agent.episode.protocol fills them in; traces, credit and metrics read them)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Limits:
     max_new_tokens: int = 1024  # generated tokens in the whole episode, all roles together
     max_tool_calls: int = 4  # tool calls per executor turn
     # the reflection's prompt shows each number of the question that the plan or the work's tool calls
-    # lack, with its sentence (meta_agent.prompts.number_check): found by code, judged by the meta-thinker
+    # lack, with its sentence (meta_agent.episode.prompts.number_check): found by code, judged by the meta-thinker
     number_check: bool = False
 
     def __post_init__(self) -> None:
@@ -66,10 +66,10 @@ class TurnRecord:
     answer: str | None = None
     format_ok: bool = False
     # Markers only the environment writes (tool-result tags, block and role headers, chat special
-    # tokens) that this turn's own text held; quoted in `text` (meta_agent.prompts.neutralise).
+    # tokens) that this turn's own text held; quoted in `text` (meta_agent.episode.prompts.neutralise).
     forged: int = 0
     reward: float = 0.0
-    advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.credit)
+    advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.learning.credit)
 
     @property
     def generated_tokens(self) -> int:
@@ -92,8 +92,8 @@ class RoundRecord:
 
 
 class PlayedEpisode:
-    """What the batched runner and the trainer read off an episode, shared by meta_agent.episode.Episode
-    and meta_agent.env_rollout.EnvEpisode: who acts, its request (the role's sampling with the turn's
+    """What the batched runner and the trainer read off an episode, shared by meta_agent.episode.protocol.Episode
+    and meta_agent.env.rollout.EnvEpisode: who acts, its request (the role's sampling with the turn's
     stops, within the episode's token budget), and the finished episode's turns as the trainer's."""
 
     turns: list[TurnRecord]
@@ -103,7 +103,7 @@ class PlayedEpisode:
     roles: dict[str, Any]  # name -> roles.RoleSpec
     adapters: dict[str, str]
     limits: Limits
-    chat: Any  # meta_agent.chat.ChatFormat
+    chat: Any  # meta_agent.episode.chat.ChatFormat
     _tokens_used: int
 
     @property

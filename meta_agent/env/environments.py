@@ -10,11 +10,11 @@ executor's observation, and the executor acts again. Rewards arrive when the epi
         obs, reward, terminated, truncated, info = env.last()
         env.step(None if terminated or truncated else policy(agent, obs))
 
-Play many episodes at once, with batched generation, through `meta_agent.runner.play` instead.
+Play many episodes at once, with batched generation, through `meta_agent.episode.runner.play` instead.
 `ParallelExecutorsEnv` (below) is the ParallelEnv beside it: several executors on one plan at once.
 `FeedbackEnv` is a task answered over several attempts, told after each whether it was right (with a
 reflector between attempts, if wanted): an env of more than one step that the trainer plays with
-`train.env=feedback` (meta_agent.env_rollout), as it plays a researcher's own env.
+`train.env=feedback` (meta_agent.env.rollout), as it plays a researcher's own env.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
-from meta_agent.episode import Episode, run_call
-from meta_agent.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
-from meta_agent.runner import EpisodeFactory
+from meta_agent.episode.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
+from meta_agent.episode.protocol import Episode, run_call
+from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade_task, load_tasks
 from roles import Grammar, meta_thinker, parse_executor
 from roles import executors as executor_specs
@@ -136,7 +136,7 @@ class MetaAgentEnv(AECEnv):
     def render(self) -> str | None:
         if self.episode is None or self.render_mode != "ansi":
             return None
-        from meta_agent.trace import episode_markdown
+        from meta_agent.episode.trace import episode_markdown
 
         return episode_markdown(self.episode)
 
@@ -242,7 +242,7 @@ class ParallelExecutorsEnv(ParallelEnv):
 
 MAX_REFLECTION_CHARS = 1_000  # a reflection as the solver's next attempt shows it
 # the blocks FeedbackEnv lays out as the hierarchy's episode does, so roles warm-started on its
-# demonstrations read them as they learnt to (meta_agent.prompts). Model text that writes one of the
+# demonstrations read them as they learnt to (meta_agent.episode.prompts). Model text that writes one of the
 # episode's own headers, or a tool-result tag, is refused as the episode refuses it; the others are
 # quoted where they start a line, and the action stands.
 REFUSED_HEADERS = (PREVIOUS_HEADER, REFLECTION_HEADER)
@@ -286,7 +286,7 @@ class FeedbackEnv(AECEnv):
             obs, reward, terminated, truncated, info = env.last()
             env.step(None if terminated or truncated else policy(agent, obs, env.prefill(agent)))
 
-    The trainer plays it with `train.env=feedback` (meta_agent.env_rollout), `train.env_args` being these
+    The trainer plays it with `train.env=feedback` (meta_agent.env.rollout), `train.env_args` being these
     arguments. Model text is data: the env runs only the calls it parses, quotes what imitates its own
     markers (and refuses that action), and grades answers with the task's own grader.
     """
@@ -343,7 +343,7 @@ class FeedbackEnv(AECEnv):
         return [] if agent == self.reflector else list(self.tools)
 
     def system_prompt(self, agent: str) -> None:
-        """None: each agent is prompted with its role's own system prompt (meta_agent.env_rollout)."""
+        """None: each agent is prompted with its role's own system prompt (meta_agent.env.rollout)."""
         return None
 
     def prefill(self, agent: str) -> str:
@@ -420,7 +420,7 @@ class FeedbackEnv(AECEnv):
             self.agent_selection = self.solver
         else:
             self._solver_step(action, forged > 0)
-        # what this action did, for the trainer's counts (meta_agent.env_rollout); the last one stays
+        # what this action did, for the trainer's counts (meta_agent.env.rollout); the last one stays
         self.infos[agent] = self.infos[agent] | {"forged": forged} | self._counts()
         self._accumulate_rewards()
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meta_agent.episode import Episode
-from meta_agent.episode_records import REFLECT, TurnRecord
+from meta_agent.episode.protocol import Episode
+from meta_agent.episode.records import REFLECT, TurnRecord
 from roles import META_THINKER, round_reflection_reward
 from training.grpo import advantages, batch_advantages
 from training.types import Turn

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from memory.settings import MemorySettings
 from memory.types import Memory
-from meta_agent.chat import ChatFormat
-from meta_agent.episode import Episode, Limits
-from meta_agent.internal_memory import InternalMemory, internal_memory
+from meta_agent.episode.chat import ChatFormat
+from meta_agent.episode.internal_memory import InternalMemory, internal_memory
+from meta_agent.episode.protocol import Episode, Limits
 from meta_agent.tasks import Task
 from roles import RoleSpec
 from tools.registry import ToolRegistry
@@ -25,7 +25,7 @@ from training.types import GenerationBackend, GenerationRequest
 class EpisodeFactory:
     """Builds episodes for tasks: the roles, tools, limits and memory they all share. `internal` (default:
     the one `memory_settings.internal` names) is what each episode's meta-thinker carries between
-    reflections (meta_agent.internal_memory): a researcher's own plugs in here."""
+    reflections (meta_agent.episode.internal_memory): a researcher's own plugs in here."""
 
     def __init__(
         self,
