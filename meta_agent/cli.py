@@ -131,7 +131,7 @@ def write_config(cfg: Config, run_dir: Path, command: str) -> None:
 # times): an untrained or confused role answers in seconds instead of filling its whole budget.
 SOLVE_REPETITION_STOP = 64
 # Untrained roles rarely loop exactly (they sample) and never stop early: a whole-episode budget that
-# answers in about a minute on a 2-core float32 CPU (measured about 7 tokens/s there, after a 15 s start).
+# answers in about a minute on a 2-core float32 CPU (docs/results/speed.md).
 SOLVE_UNTRAINED_BUDGET = 256
 
 

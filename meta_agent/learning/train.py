@@ -316,7 +316,7 @@ def forgetting(evaluate: Callable[[], float], backend: object) -> Callable[[], f
     A rollout after an evaluation with unchanged weights would start from states the evaluation computed
     in its own batches, which round differently in their last bits from states computed afresh; a run
     resumed or started from a checkpoint there has no such states, and drew other samples than the whole
-    run (docs/LEARNING.md). Forgetting them makes both run the same prompts the same
+    run (docs/results/learning.md). Forgetting them makes both run the same prompts the same
     way. The vllm backend has no clear_cache: its own prefix cache is not bit-reproducible either way."""
     clear = getattr(backend, "clear_cache", None)
 
