@@ -414,6 +414,9 @@ AGGREGATIONS: dict[str, Aggregation] = {
     "seq-mean-token-mean": seq_mean_token_mean,
     "dr-grpo": dr_grpo,
 }
+# Those divided by the number of masked tokens: a micro-batch's loss then counts by its share of the batch's
+# tokens (training.trainer), any other's by its share of the rows, so the micro-batches sum to the batch's.
+TOKEN_NORMALISED = ("token-mean",)
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:

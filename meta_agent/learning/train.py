@@ -9,7 +9,7 @@ One GRPO step, as the default run (experiment=arith_hierarchy, 8 tasks x G=4 a s
   score       each role's reward from what it did in its episode (meta_agent.episode.reward, roles.rewards)
   advantages  reward minus its (role, task) group's mean, over the group's std (grpo.advantage=grpo); the
               meta-thinker's reflections share its episode's (grpo.reflection_credit=episode)
-  filter      groups whose rewards are all equal are dropped: no signal (grpo.zero_variance_of=reward)
+  filter      groups whose rewards are all equal are dropped, having no signal (grpo.filter_zero_variance)
   update      one optimizer step per rollout (train.updates_per_rollout=1, minibatches=1): token-level ratio
               clipped to [1 - 0.2, 1 + 0.28] against the trainer's own logprobs (so 1 in a single step),
               each token weighted by min(pi_trainer / pi_rollout, 2) against the rollout backend (TIS), the
