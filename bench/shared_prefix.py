@@ -30,6 +30,7 @@ import transformers
 
 from bench.common import RESULTS_DIR, machine_info, write_result
 from meta_agent.config import load_config
+from meta_agent.episode.reward import score
 from meta_agent.learning.credit import assign_advantages, training_turns
 from meta_agent.learning.sft import sft_turns
 from meta_agent.learning.train import Stage, rollout
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
         pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
         episodes, _ = rollout(cfg, system, pool, Stage(stage="grpo"), ranks)
+        score(episodes)
         assign_advantages(episodes, scale=cfg.grpo.scale_advantages, kind=cfg.grpo.advantage)
         turns = training_turns(episodes)
         grpo = measure(trainer, "grpo", [turns], args.repeats)

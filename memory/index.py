@@ -4,16 +4,15 @@ Every index maps int64 ids (SQLite rowids) to unit-norm vectors and scores by in
 unit-norm vectors is cosine similarity. The index is a cache of the SQLite table: it can always be
 rebuilt from the stored vectors, so writing it is best-effort and reading it is verified by the caller.
 
-Kinds (config `memory.index`), measured by bench/faiss_memory.py:
+Kinds (config `memory.index`), measured by bench/faiss_memory.py (docs/results/memory.md):
 - "flat": exact search, scanning every vector. The default: a store of thousands of lessons is
   searched in well under a millisecond, and nothing is approximate.
 - "ivf": inverted lists. Vectors are cut into ~sqrt(n) k-means cells and a query scans only the
   `nprobe` cells nearest to it, with vectors stored as float16 (half the bytes to scan). It must be
   trained on the vectors it will hold, so below IVF_MIN_TRAIN vectors it is the exact flat index, and
   the store retrains it as it grows (see needs_retrain). For very large stores (100k to millions).
-- "hnsw": a navigable small-world graph, no training; but on the benchmark's MiniLM-like data a
-  1M-vector build (M=32, efConstruction 40) took 4.5 minutes on 2 cores and efSearch 2048 still
-  gave only recall@10 0.94 (9.5 ms): ivf reached 0.97 at 8 ms after a 6 s build.
+- "hnsw": a navigable small-world graph, no training; but on the benchmark's MiniLM-like data it
+  built 1M vectors far slower than ivf and stayed less exact at the same search time.
 """
 
 from __future__ import annotations

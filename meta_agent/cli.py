@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meta_agent.analysis.report import write_report
 from meta_agent.config import CONFIG_DIR, commented_yaml, compose_config, config_of_run, load_config
 from meta_agent.demos.build import SOURCES, demo_path, read_demos, write_demos
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter, episode_markdown
 from meta_agent.errors import SettingError, UserError
@@ -295,7 +296,7 @@ def write_config(cfg: Config, run_dir: Path, command: str) -> None:
 # times): an untrained or confused role answers in seconds instead of filling its whole budget.
 SOLVE_REPETITION_STOP = 64
 # Untrained roles rarely loop exactly (they sample) and never stop early: a whole-episode budget that
-# answers in about a minute on a 2-core float32 CPU (measured about 7 tokens/s there, after a 15 s start).
+# answers in about a minute on a 2-core float32 CPU (docs/results/speed.md).
 SOLVE_UNTRAINED_BUDGET = 256
 
 
@@ -352,6 +353,7 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
             extra = {"search": found.tree.as_dict(), "simulations": found.simulations}
         else:
             play([episode], system.backend, seed=cfg.seed)
+    score([episode])  # the trace shows each role's reward
     commit_lessons(system.memory, system.factory.lessons([episode]), Ranks())
     TraceWriter(run_dir / "traces.jsonl").write([episode], split="solve", **extra)
     system.close()

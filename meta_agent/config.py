@@ -72,6 +72,12 @@ def setting_error_text(err: BaseException) -> str:
 
 def to_config(cfg: DictConfig) -> Config:
     """The typed Config of a composed config; a value its record refuses is one SettingError."""
+    for name in cfg.get("roles") or {}:
+        if OmegaConf.is_missing(cfg.roles[name], "kind"):  # only an experiment's or override's keys made it
+            raise SettingError(
+                f"roles.{name}: settings for a role that the chosen roles= does not have; pick roles= with "
+                f"{name} or an experiment written for these roles (configs/experiment/)"
+            )
     unknown = _unknown_keys(cfg, "")
     if unknown:  # keys added with `+key=value`, which Hydra lets into typed nodes
         raise SettingError(f"{', '.join(unknown)}: no such setting (`meta-agent config` lists them all)")

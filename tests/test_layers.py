@@ -1,7 +1,7 @@
 """Import layers: each package below meta_agent/ imports only the layers under it, and so does each
 sub-package of meta_agent/.
 
-    memory  <-  tools  <-  roles  <-  meta_agent            training never sees episodes or roles
+    memory  <-  tools  <-  meta_agent  ->  roles, training    roles and training import no project package
 
     inside meta_agent/:  errors <- tasks <- episode <- analysis, env, demos <- evaluation <- learning <- cli
     (settings, config, system and rank_protocol compose the rest: only evaluation, learning and cli use them)
@@ -22,7 +22,7 @@ PACKAGES = ("memory", "tools", "roles", "meta_agent", "training")
 FORBIDDEN = {
     "memory": {"tools", "roles", "meta_agent", "training"},
     "tools": {"roles", "meta_agent", "training"},
-    "roles": {"meta_agent", "training"},
+    "roles": {"meta_agent", "training", "tools", "memory"},
     "training": {"meta_agent", "roles", "tools", "memory"},
 }
 

@@ -21,7 +21,7 @@ Tests with hand-worked numbers: `pytest tests/training/test_grpo.py`.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +31,12 @@ from training.types import Turn
 
 RATIO_LEVELS = ("token", "turn", "sequence")
 FLAT = 1e-6  # rewards within this of each other count as equal: the group has no signal
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "dr-grpo")
-ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "gae")
-GROUP_ADVANTAGES = ADVANTAGES[:3]  # those taken from a group's rewards alone (gae needs value heads)
-REFLECTION_CREDITS = ("episode", "round", "none")
+# grpo.advantage=gae: each turn against the value heads (training.value, meta_agent.learning.credit.assign_gae),
+# so not one of ADVANTAGES, which are taken from the rewards alone
+GAE = "gae"
+# grpo.reflection_credit: the keys of meta_agent.learning.credit.REFLECTION_CREDITS, named again here
+# because training/ may not import meta_agent (tests/meta_agent/test_registries.py keeps the two equal)
+REFLECTION_CREDIT_NAMES = ("episode", "round", "none")
 SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
 KL_REFERENCES = ("base", "start")  # what grpo.beta's KL pulls toward
 
@@ -83,19 +85,21 @@ class GRPOSettings:
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(f"grpo.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"grpo.aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+            raise ValueError(
+                f"grpo.aggregation must be one of {tuple(AGGREGATIONS)}, got {self.aggregation!r}"
+            )
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise ValueError(f"grpo.max_tokens must be a positive int or null, got {self.max_tokens}")
         if self.aggregation == "dr-grpo" and self.max_tokens is None:
             raise ValueError("grpo.aggregation 'dr-grpo' needs grpo.max_tokens (the constant normaliser)")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"grpo.advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
-        if self.advantage in ("reinforce_pp", "gae") and self.filter_zero_variance:
+        if self.advantage not in advantage_names():
+            raise ValueError(f"grpo.advantage must be one of {advantage_names()}, got {self.advantage!r}")
+        if self.advantage in ("reinforce_pp", GAE) and self.filter_zero_variance:
             raise ValueError(
                 f"grpo.advantage={self.advantage} gives a task whose episodes all scored the same a nonzero "
                 "advantage: set grpo.filter_zero_variance=false with it"
             )
-        if self.advantage == "gae" and self.reflection_credit != "episode":
+        if self.advantage == GAE and self.reflection_credit != "episode":
             raise ValueError(
                 "grpo.advantage=gae already credits each reflection by itself (what followed it against "
                 "the value head's estimate before it): set grpo.reflection_credit=episode with it"
@@ -107,9 +111,9 @@ class GRPOSettings:
                 "grpo.zero_variance_of=outcome says which groups grpo.filter_zero_variance drops: set "
                 "grpo.filter_zero_variance=true with it"
             )
-        if self.reflection_credit not in REFLECTION_CREDITS:
+        if self.reflection_credit not in REFLECTION_CREDIT_NAMES:
             raise ValueError(
-                f"grpo.reflection_credit must be one of {REFLECTION_CREDITS}, got {self.reflection_credit!r}"
+                f"grpo.reflection_credit must be one of {REFLECTION_CREDIT_NAMES}, got {self.reflection_credit!r}"
             )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(
@@ -204,18 +208,46 @@ def batch_advantages(rewards: Sequence[float], batches: Sequence[Hashable], eps:
     return group_advantages(rewards, batches, scale=True, eps=eps)
 
 
+# The estimators of grpo.advantage taken from rewards alone, one signature: rewards and their rows' keys
+# (role, task, ...) in, one advantage per row out; `scale` is grpo.scale_advantages.
+Advantage = Callable[..., list[float]]  # (rewards, keys, *, scale: bool) -> list[float]
+
+
+def grpo_baseline(rewards: Sequence[float], keys: Sequence[tuple], *, scale: bool) -> list[float]:
+    """GRPO: the group's (equal keys') mean, divided by its std when `scale` (group_advantages)."""
+    return group_advantages(rewards, keys, scale=scale)
+
+
+def rloo_baseline(rewards: Sequence[float], keys: Sequence[tuple], *, scale: bool) -> list[float]:
+    """RLOO: the leave-one-out mean of the group, unscaled whatever `scale` says (its own normalisation)."""
+    return rloo_advantages(rewards, keys)
+
+
+def reinforce_pp_baseline(rewards: Sequence[float], keys: Sequence[tuple], *, scale: bool) -> list[float]:
+    """REINFORCE++: mean and std over the role's (the key's first part's) whole batch, always scaled."""
+    return batch_advantages(rewards, [key[0] for key in keys])
+
+
+ADVANTAGES: dict[str, Advantage] = {
+    "grpo": grpo_baseline,
+    "rloo": rloo_baseline,
+    "reinforce_pp": reinforce_pp_baseline,
+}
+
+
+def advantage_names() -> tuple[str, ...]:
+    """Every valid grpo.advantage: the registered estimators and gae (read now, so an entry added to
+    ADVANTAGES counts)."""
+    return (*ADVANTAGES, GAE)
+
+
 def advantages(
     rewards: Sequence[float], keys: Sequence[tuple], kind: str, *, scale: bool = True
 ) -> list[float]:
-    """The advantages of `grpo.advantage` = `kind` for rows keyed (role, task, ...): grpo and rloo
-    normalise within equal keys, reinforce_pp within equal roles (the key's first part)."""
-    if kind == "grpo":
-        return group_advantages(rewards, keys, scale=scale)
-    if kind == "rloo":
-        return rloo_advantages(rewards, keys)
-    if kind == "reinforce_pp":
-        return batch_advantages(rewards, [key[0] for key in keys])
-    raise ValueError(f"advantage {kind!r} is not taken from rewards alone; one of {GROUP_ADVANTAGES}")
+    """The advantages of `grpo.advantage` = `kind` (an ADVANTAGES entry) for rows keyed (role, task, ...)."""
+    if kind not in ADVANTAGES:
+        raise ValueError(f"advantage {kind!r} is not taken from rewards alone; one of {tuple(ADVANTAGES)}")
+    return ADVANTAGES[kind](rewards, keys, scale=scale)
 
 
 def trainable_turns(
@@ -352,28 +384,47 @@ def clipped_surrogate(
     return -torch.minimum(unclipped, clipped_term), clipped_term < unclipped
 
 
-def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:
-    """Reduce a per-token loss [B, T] over masked tokens to a scalar.
+# The reductions of grpo.aggregation, one signature: the per-token loss with 0 off the mask [B, T], the
+# mask as bool [B, T] and grpo.max_tokens in, a scalar out (0, still attached, with no masked token).
+Aggregation = Callable[[Tensor, Tensor, int | None], Tensor]
 
-    "token-mean": sum / number of masked tokens (long turns weigh more). "seq-mean-token-mean": mean over
-    rows of each row's masked mean, rows without tokens left out (GRPO paper). "dr-grpo": sum / (B *
-    max_tokens), a constant normaliser with no length bias (Dr.GRPO). With no masked token at all the
-    result is 0 (still attached to the graph).
-    """
+
+def token_mean(masked: Tensor, keep: Tensor, max_tokens: int | None) -> Tensor:
+    """Sum / number of masked tokens: long turns weigh more."""
+    return masked.sum() / keep.sum().clamp(min=1)
+
+
+def seq_mean_token_mean(masked: Tensor, keep: Tensor, max_tokens: int | None) -> Tensor:
+    """Mean over rows of each row's masked mean, rows without tokens left out (the GRPO paper)."""
+    counts = keep.sum(-1)  # [B]
+    row_means = masked.sum(-1) / counts.clamp(min=1)  # [B]
+    has_tokens = counts > 0
+    return torch.where(has_tokens, row_means, 0.0).sum() / has_tokens.sum().clamp(min=1)
+
+
+def dr_grpo(masked: Tensor, keep: Tensor, max_tokens: int | None) -> Tensor:
+    """Sum / (B * max_tokens): a constant normaliser, so no length bias (Dr.GRPO)."""
+    if max_tokens is None or max_tokens <= 0:
+        raise ValueError(f"aggregation 'dr-grpo' needs a positive max_tokens, got {max_tokens}")
+    return masked.sum() / (masked.shape[0] * max_tokens)
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token-mean": token_mean,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "dr-grpo": dr_grpo,
+}
+# Those divided by the number of masked tokens: a micro-batch's loss then counts by its share of the batch's
+# tokens (training.trainer), any other's by its share of the rows, so the micro-batches sum to the batch's.
+TOKEN_NORMALISED = ("token-mean",)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None) -> Tensor:
+    """Reduce a per-token loss [B, T] over masked tokens to a scalar by AGGREGATIONS[mode]."""
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; expected one of {tuple(AGGREGATIONS)}")
     keep = mask.bool()
-    masked = torch.where(keep, per_token, 0.0)  # [B, T]
-    if mode == "token-mean":
-        return masked.sum() / keep.sum().clamp(min=1)
-    if mode == "seq-mean-token-mean":
-        counts = keep.sum(-1)  # [B]
-        row_means = masked.sum(-1) / counts.clamp(min=1)  # [B]
-        has_tokens = counts > 0
-        return torch.where(has_tokens, row_means, 0.0).sum() / has_tokens.sum().clamp(min=1)
-    if mode == "dr-grpo":
-        if max_tokens is None or max_tokens <= 0:
-            raise ValueError(f"aggregation 'dr-grpo' needs a positive max_tokens, got {max_tokens}")
-        return masked.sum() / (per_token.shape[0] * max_tokens)
-    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+    return AGGREGATIONS[mode](torch.where(keep, per_token, 0.0), keep, max_tokens)
 
 
 def _masked_mean(values: Tensor, mask: Tensor) -> float:

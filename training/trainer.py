@@ -26,7 +26,14 @@ from accelerate import Accelerator
 from training.backbone import Backbone
 from training.batch import TurnBatch, collate, completion_logits, micro_batches, minibatches
 from training.distributed import Ranks
-from training.grpo import GRPOSettings, entropy_from_logits, grpo_loss, sft_loss, token_logprobs
+from training.grpo import (
+    TOKEN_NORMALISED,
+    GRPOSettings,
+    entropy_from_logits,
+    grpo_loss,
+    sft_loss,
+    token_logprobs,
+)
 from training.preference import PreferencePair, PreferenceSettings, preference_loss
 from training.shared_prefix import SharedPrefix, prefix_groups
 from training.types import Turn
@@ -632,7 +639,7 @@ def merge_updates(updates: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def _micro_batch_weight(aggregation: str, batch: TurnBatch, total_rows: int, total_tokens: int) -> float:
     """Scale a micro-batch's aggregated loss so the sum over micro-batches is the full-batch loss."""
-    if aggregation == "token-mean":
+    if aggregation in TOKEN_NORMALISED:
         return float(batch.loss_mask.sum()) / max(total_tokens, 1)
     rows = batch.targets.shape[0]
     return rows / max(total_rows, 1)

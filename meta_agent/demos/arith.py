@@ -35,20 +35,17 @@ STYLES = ("one_call", "steps")  # arith: the whole expression in one call, or on
 # arith_distract: the share of demonstrations whose first round goes wrong and is revised ...
 REVISE_SHARE = 0.5
 # ... and the mistakes they show, drawn evenly: the executor folds the distractor in, or the plan gets an
-# add or subtract step backwards ("A donor sends 462 more seeds" planned as "Subtract 462."). The trained
-# hierarchy made both: of 27 wrong answers in seed 0's probe before GRPO, 14 used the distractor and the
-# rest had an operation wrong in the plan.
+# add or subtract step backwards ("A donor sends 462 more seeds" planned as "Subtract 462."), the two the
+# trained hierarchy made (docs/results/reflection.md).
 MISTAKES = ("distractor", "operation")
 # With reflections written as one check (sft.source=arith_distract_check) a third: the plan leaves out a
-# step. In seed 0's probe after SFT on the checks, 25 of 30 wrong answers had a plan that left out a number
-# the question needs. (As a third mistake of the default reflections, whose openings differ by mistake, one
-# more opening made the accepting one the likeliest: docs/LEARNING.md; the checks all
-# open alike.)
+# step, most wrong answers' mistake after SFT on the checks. (As a third mistake of the default reflections,
+# whose openings differ by mistake, one more opening made the accepting one the likeliest; the checks all
+# open alike: docs/results/reflection.md.)
 CHECK_MISTAKES = (*MISTAKES, "missing")
 # ... drawn twice as often as each of the others: a step left out is what the trained hierarchy gets wrong
-# most (21 of 27 wrong plans after SFT on the checks), and drawn evenly, with problems that end in a
-# division falling back to the distractor, "Left out" was in 16 of 160 demonstrations and no reflection
-# of the trained meta-thinker wrote it.
+# most, and drawn evenly (problems that end in a division fall back to the distractor) "Left out" was too
+# rare in the demonstrations for the trained meta-thinker to write it (docs/results/reflection.md).
 CHECK_WEIGHTS = (1, 1, 2)
 ARITH_STEPS = (2, 3, 4)  # demonstrations mix problem lengths, so longer problems are seen too
 

@@ -43,6 +43,7 @@ from meta_agent.demos.script import (
 from meta_agent.episode.chat import ChatFormat
 from meta_agent.episode.internal_memory import InternalMemory
 from meta_agent.episode.protocol import EXECUTE, PLAN, REFLECT, Episode, Limits
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks import Task, grade_task, load_tasks, make_arith_tasks
@@ -99,7 +100,7 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
     With `script.revision` the first round's first executor plays its work (after the revision's own
     plan, if it has one) and the meta-thinker revises; that work's loss mask, and that plan's, are then
     set to 0 (shown to the reflection, never learned).
-    Returns the finished episode; raises DemoError if any step did not go as scripted or the
+    Returns the finished, scored episode; raises DemoError if any step did not go as scripted or the
     episode did not end correct, untruncated, without tool errors and without a leak.
     """
     if script.task_id != task.id:
@@ -158,6 +159,7 @@ def play_demo(script: DemoScript, task: Task, factory: EpisodeFactory | Callable
     ]
     if problems:
         raise DemoError(f"{task.id}: the demonstration episode went wrong: {'; '.join(problems)}")
+    score([episode])  # its turns carry their rewards, as a rollout's do
     return episode
 
 

@@ -30,6 +30,7 @@ from pettingzoo import AECEnv, ParallelEnv
 
 from meta_agent.episode.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
 from meta_agent.episode.protocol import Episode, run_call
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.tasks import Task, grade_task, load_tasks
 from roles import Grammar, meta_thinker, parse_executor
@@ -123,6 +124,7 @@ class MetaAgentEnv(AECEnv):
         self.episode.advance_text(action)
         if self.episode.done:
             ep = self.episode
+            score([ep])  # the rewards the agents are handed now
             for a in self.agents:
                 self.rewards[a] = ep.rewards.get(a, 0.0)
                 self.terminations[a] = not ep.truncated
@@ -220,6 +222,8 @@ class ParallelExecutorsEnv(ParallelEnv):
             episode = self.episodes[agent]
             if not episode.done:
                 episode.advance_text(action)
+                if episode.done:
+                    score([episode])  # the reward its agent is handed now
             done = episode.done
             observations[agent] = self._observe(agent)
             rewards[agent] = episode.rewards.get(self.executor.name, 0.0) if done else 0.0

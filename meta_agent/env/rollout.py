@@ -128,6 +128,8 @@ class EnvEpisode(PlayedEpisode):
         self.lesson: str | None = None
         self.leaked = False
         self.turns: list[TurnRecord] = []
+        # The env hands out the rewards (summed per agent, below): no outcome for meta_agent.episode.reward.score
+        self.outcomes: dict = {}
         self.rewards: dict[str, float] = {}
         self.final_answer: str | None = None
         self.correct = False

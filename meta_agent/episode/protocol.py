@@ -55,7 +55,6 @@ from roles import (
     parse_executor,
     parse_plan,
     parse_reflection,
-    role_reward,
     states_answer,
 )
 from tools.registry import ToolRegistry, parse_tool_call
@@ -143,7 +142,8 @@ class Episode(PlayedEpisode):
         self.correct = False
         self.truncated = False
         self.lesson: str | None = None
-        self.rewards: dict[str, float] = {}
+        self.outcomes: dict[str, Outcome] = {}  # per role that acted, once done
+        self.rewards: dict[str, float] = {}  # per role, set by meta_agent.episode.reward.score
         self._executor_index = 0
         self._tokens_used = 0
         self._segment_start = 0  # index in the current turn's text where the live segment starts
@@ -379,7 +379,7 @@ class Episode(PlayedEpisode):
             self.correct = graded[self.final_answer]
         else:
             self.correct = bool(self.final_answer) and self.grade(self.final_answer, self.task)
-        for role in self.roles.values():
+        for role in self.roles.values():  # what happened to each role that acted; score() rewards it
             turns = [t for t in self.turns if t.role == role.name]
             if not turns:
                 continue
@@ -394,10 +394,7 @@ class Episode(PlayedEpisode):
                 # A forged observation in any of its turns costs the format penalty, whatever came after.
                 format_ok = turns[-1].format_ok and not any(t.forged for t in turns)
                 outcome = Outcome(self.correct, format_ok=format_ok, tool_errors=errors)
-            reward = role_reward(role.kind, role.reward, outcome)
-            self.rewards[role.name] = reward
-            for t in turns:
-                t.reward = reward
+            self.outcomes[role.name] = outcome
         self.done = True
 
     @property

@@ -68,7 +68,7 @@ class TurnRecord:
     # Markers only the environment writes (tool-result tags, block and role headers, chat special
     # tokens) that this turn's own text held; quoted in `text` (meta_agent.episode.prompts.neutralise).
     forged: int = 0
-    reward: float = 0.0
+    reward: float = 0.0  # its role's: set by meta_agent.episode.reward.score (an env episode: by its env)
     advantage: float | None = None  # set by the GRPO step's credit assignment (meta_agent.learning.credit)
 
     @property
@@ -100,6 +100,10 @@ class PlayedEpisode:
     done: bool
     task: Any  # a meta_agent.tasks.Task: its id is the group
     correct: bool
+    # role -> roles.Outcome of a finished episode, for meta_agent.episode.reward.score to reward; empty where
+    # the rewards come from elsewhere (an env's: meta_agent.env.rollout.EnvEpisode)
+    outcomes: dict[str, Any]
+    rewards: dict[str, float]  # role -> its reward in the episode, each of its turns' `reward`
     roles: dict[str, Any]  # name -> roles.RoleSpec
     adapters: dict[str, str]
     limits: Limits

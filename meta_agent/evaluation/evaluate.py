@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from meta_agent.analysis.reflection import reflected, reflection_metrics
 from meta_agent.analysis.stats import majority, mean_interval, normal_answer, pass_at_k
+from meta_agent.episode import reward
 from meta_agent.episode.protocol import Episode
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter
@@ -133,6 +134,7 @@ def evaluate(
             batch = [system.factory.new(t, final_reflection=final_reflection) for t in chunk]
             # Episode i of the task samples with the seeds of index i: no two seeds' samples coincide.
             play(batch, system.backend, seed=seed, temperature=temperature, first_index=start)
+            reward.score(batch)  # the traces show each role's reward
             if write:
                 lessons = system.factory.lessons(batch)
                 commit_lessons(system.memory, lessons, ranks, private=system.memory_private)
@@ -165,6 +167,7 @@ def searched(
         results = []
         batch = settings.episodes_per_batch
         for chunk in searches(planner, system.factory, system.backend, task_list, batch, seed=seed):
+            reward.score(r.episode for r in chunk)  # the traces show each role's reward
             if traces is not None:
                 for r in chunk:
                     traces.write(

@@ -31,6 +31,7 @@ from pathlib import Path
 from meta_agent.analysis.reflection import reflected, reflection_metrics
 from meta_agent.analysis.stats import PairedDifference, paired_difference
 from meta_agent.episode.protocol import Episode
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import next_requests, play
 from meta_agent.errors import SettingError
 from meta_agent.settings import ProbeSettings
@@ -153,6 +154,7 @@ def probe(
         steps=[0 if name == "executors_alone" else 1 for name, arm in episodes.items() for _ in arm],
         on_step=on_step,
     )
+    score(flat)  # the traces show each role's reward
     base = [ep.correct for ep in episodes["base"]]
     out = {"base": arm_result("base", episodes["base"], base, None, settings)}
     for name in settings.arms:

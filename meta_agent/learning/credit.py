@@ -5,13 +5,14 @@
     turns = trainable_turns(training_turns(episodes, reflections=cfg.grpo.reflection_credit != "none"),
                             filter_zero_variance=cfg.grpo.filter_zero_variance, by=cfg.grpo.zero_variance_of)
 
-An episode gives each role one reward (roles.rewards); a role with several turns in an episode (plan
-and reflection) counts once in its group's statistics, and all its turns share the advantage, except
-the meta-thinker's reflections under `reflection_credit="round"`: each is credited with what it did
-(roles.rewards.round_reflection_reward), normalised among the reflections of the same task and round; under
-`"none"` they get 0 and `training_turns(episodes, reflections=False)` leaves them out of the update. The maths
-is training.grpo.advantages (grpo, rloo or reinforce_pp baselines). With grpo.advantage=gae each turn
-gets its own advantage against the value heads instead (assign_gae, training.value):
+An episode gives each role one reward (meta_agent.episode.reward.score); a role with several turns in an
+episode (plan and reflection) counts once in its group's statistics, and all its turns share the advantage,
+except the meta-thinker's reflections as REFLECTION_CREDITS[grpo.reflection_credit] sets them: under
+"round" each is credited with what it did (roles.rewards.round_reflection_reward), normalised among the
+reflections of the same task and round; under "none" they get 0 and `training_turns(episodes,
+reflections=False)` leaves them out of the update. The baselines are training.grpo.ADVANTAGES (grpo, rloo,
+reinforce_pp). With grpo.advantage=gae each turn gets its own advantage against the value heads instead
+(assign_gae, training.value):
 
     estimator = trainer.value_estimator()   # training.value.ValueEstimator
     returns = assign_gae(episodes, estimator.estimate(turns), gamma=cfg.value.gamma, lam=cfg.value.lam, scale=...)
@@ -20,7 +21,7 @@ gets its own advantage against the value heads instead (assign_gae, training.val
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from meta_agent.episode.protocol import Episode
 from meta_agent.episode.records import REFLECT, TurnRecord
@@ -38,11 +39,13 @@ def credited_roles(episode: Episode) -> list[str]:
 def assign_advantages(
     episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo", reflection_credit: str = "episode"
 ) -> None:
-    """Set `advantage` on every turn record of the finished `episodes`. grpo: its role's reward in that
-    episode minus the mean over the group's episodes (the same role on the same task), divided by the
-    group's std when `scale`; groups whose rewards are all equal get 0. rloo and reinforce_pp: see
-    training.grpo.advantages. With reflection_credit="round" the meta-thinker's reflect turns then get
-    their own advantages (round_advantages); with "none", 0."""
+    """Set `advantage` on every turn record of the finished, scored `episodes`. grpo: its role's reward in
+    that episode minus the mean over the group's episodes (the same role on the same task), divided by the
+    group's std when `scale`; groups whose rewards are all equal get 0. Any other `kind`: its entry of
+    training.grpo.ADVANTAGES. Then the meta-thinker's reflect turns as REFLECTION_CREDITS[reflection_credit]
+    says."""
+    if reflection_credit not in REFLECTION_CREDITS:
+        raise ValueError(f"reflection credit {reflection_credit!r} is not one of {tuple(REFLECTION_CREDITS)}")
     rows = [(ep, role) for ep in episodes for role in credited_roles(ep)]
     rewards = [ep.rewards[role] for ep, role in rows]
     keys = [(role, ep.task.id) for ep, role in rows]
@@ -50,13 +53,7 @@ def assign_advantages(
         for turn in ep.turns:
             if turn.role == role and turn.completion_ids:  # a turn with nothing generated trains nothing
                 turn.advantage = advantage
-    if reflection_credit == "round":
-        round_advantages(episodes, scale=scale, kind=kind)
-    elif reflection_credit == "none":
-        for ep in episodes:
-            for turn in ep.turns:
-                if is_reflection(ep, turn):
-                    turn.advantage = 0.0
+    REFLECTION_CREDITS[reflection_credit](episodes, scale=scale, kind=kind)
 
 
 def is_reflection(episode: Episode, turn: TurnRecord) -> bool:
@@ -82,6 +79,29 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
             keys.append((turn.role, ep.task.id, REFLECT, turn.round))
     for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
         turn.advantage = advantage
+
+
+def episode_credit(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
+    """Each reflection keeps its episode's advantage, as every turn of its role does."""
+
+
+def no_credit(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
+    """Each reflection gets advantage 0 (training_turns(reflections=False) also leaves it out of the update)."""
+    for ep in episodes:
+        for turn in ep.turns:
+            if is_reflection(ep, turn):
+                turn.advantage = 0.0
+
+
+# grpo.reflection_credit: name -> what sets the meta-thinker's reflect turns' advantages once every turn
+# has its episode's; one signature (episodes, *, scale, kind). A new name goes into
+# training.grpo.REFLECTION_CREDIT_NAMES too (the settings there may not import this module).
+ReflectionCredit = Callable[..., None]
+REFLECTION_CREDITS: dict[str, ReflectionCredit] = {
+    "episode": episode_credit,
+    "round": round_advantages,
+    "none": no_credit,
+}
 
 
 def assign_gae(

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from meta_agent.demos.build import demo_path, make_demos, read_demos
 from meta_agent.episode.protocol import Episode
+from meta_agent.episode.reward import score
 from meta_agent.evaluation.planning import build_planner, searched_plans, searches
 from meta_agent.learning.credit import training_turns
 from meta_agent.rank_protocol import load_rank0_adapters
@@ -74,6 +75,7 @@ def search_demos(cfg: Config, system: System) -> list[Episode]:
     chunks = searches(planner, system.factory, system.backend, tasks, batch, seed=cfg.seed)
     results = [r for chunk in chunks for r in chunk]
     kept = searched_plans(results, meta.name)
+    score(kept)  # a demonstration's turns carry their rewards, as a rollout's do
     console.print(
         f"searched {len(results)} problems: {sum(r.correct for r in results)} chosen answers right, "
         f"{len(kept)} kept as demonstrations, {sum(r.generated_tokens for r in results)} tokens generated"

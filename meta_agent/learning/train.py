@@ -4,11 +4,19 @@
     meta-agent train experiment=arith_hierarchy resume=runs/arith_hierarchy   # continue exactly
     accelerate launch --multi_gpu --num_processes 2 -m meta_agent train experiment=arith_hierarchy
 
-One GRPO step: rollout (G episodes of the whole hierarchy per task) -> rewards (per role, as the
-episode ends) -> advantages (within (role, task) groups) -> update (per-role clipped loss, one
-optimizer step) -> log -> held-out eval -> checkpoint. Under N processes each rank plays a contiguous
-share of the step's tasks, all G episodes of a task on one rank, so advantages need no communication;
-what the ranks agree on is meta_agent.rank_protocol. Only rank 0 writes logs, traces and checkpoints.
+One GRPO step, as the default run (experiment=arith_hierarchy, 8 tasks x G=4 a step) takes it:
+  rollout     G episodes of the whole hierarchy per task (the hf backend, every role sampling at 1.0)
+  score       each role's reward from what it did in its episode (meta_agent.episode.reward, roles.rewards)
+  advantages  reward minus its (role, task) group's mean, over the group's std (grpo.advantage=grpo); the
+              meta-thinker's reflections share its episode's (grpo.reflection_credit=episode)
+  filter      groups whose rewards are all equal are dropped, having no signal (grpo.filter_zero_variance)
+  update      one optimizer step per rollout (train.updates_per_rollout=1, minibatches=1): token-level ratio
+              clipped to [1 - 0.2, 1 + 0.28] against the trainer's own logprobs (so 1 in a single step),
+              each token weighted by min(pi_trainer / pi_rollout, 2) against the rollout backend (TIS), the
+              loss a mean over all trained tokens (token-mean), no KL (grpo.beta=0)
+then log -> held-out eval -> checkpoint. Under N processes each rank plays a contiguous share of the
+step's tasks, all G episodes of a task on one rank, so advantages need no communication; what the ranks
+agree on is meta_agent.rank_protocol. Only rank 0 writes logs, traces and checkpoints.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from meta_agent.analysis.reflection import defined, reflected, reflection_metric
 from meta_agent.config import commented_yaml, hparams
 from meta_agent.env.rollout import check_env_settings, env_accuracy, env_episodes, env_maker
 from meta_agent.episode.protocol import Episode
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter, write_step_traces
 from meta_agent.errors import SettingError
@@ -44,7 +53,7 @@ from meta_agent.tasks import Task, next_tasks
 from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
 from training.distributed import Ranks
-from training.grpo import trainable_turns
+from training.grpo import GAE, trainable_turns
 from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer
@@ -127,6 +136,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
             started = time.perf_counter()
             episodes, empty_passes = rollout(cfg, system, pool, state, ranks, make_env)
             rollout_s = time.perf_counter() - started
+            score(episodes)  # each role's reward from its outcome; an env episode keeps its env's
             if cfg.train.algorithm == "grpo":  # advantages within (role, task) groups, or against value heads
                 value_update = assign_credit(cfg, trainer, episodes)
                 turns = training_turns(episodes)
@@ -189,7 +199,7 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
 def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) -> dict[str, float]:
     """Advantages onto the rollout's turns as grpo.advantage says. gae: the value heads' estimates of
     every turn's state first, then GAE, then the heads fitted on the returns (their metrics returned)."""
-    if cfg.grpo.advantage != "gae":
+    if cfg.grpo.advantage != GAE:
         assign_advantages(
             episodes,
             scale=cfg.grpo.scale_advantages,
@@ -306,7 +316,7 @@ def forgetting(evaluate: Callable[[], float], backend: object) -> Callable[[], f
     A rollout after an evaluation with unchanged weights would start from states the evaluation computed
     in its own batches, which round differently in their last bits from states computed afresh; a run
     resumed or started from a checkpoint there has no such states, and drew other samples than the whole
-    run (docs/LEARNING.md). Forgetting them makes both run the same prompts the same
+    run (docs/results/learning.md). Forgetting them makes both run the same prompts the same
     way. The vllm backend has no clear_cache: its own prefix cache is not bit-reproducible either way."""
     clear = getattr(backend, "clear_cache", None)
 

@@ -13,10 +13,9 @@ calls then show the distractor plainly ("728*734+21139+4512"). A meta-thinker th
 against the question can catch that and ask for a revision, which a second round can carry out. The
 arithmetic itself stays the calculator's job.
 
-What a trained hierarchy did with it (seed 0 of `bench/learning.py --task reflection`, probe before
-GRPO): of 27 wrong answers in 32, 9 plans and 5 first-round calculator calls used the distractor, so the
-planner folds it in more often than the executor; the rest were wrong operations ("sends 462 more"
-planned as a subtraction), which demonstrations of distractor catches do not teach a reflection to see.
+What a trained hierarchy did with it: the planner folded the distractor in more often than the
+executor, and the other wrong answers were wrong operations ("sends 462 more" planned as a subtraction),
+which demonstrations of distractor catches do not teach a reflection to see (docs/results/reflection.md).
 
 Problems are the arith family's problems (meta_agent.tasks.arith: same themes, operations and
 numbers) with distractors added. The distractors' sentence, number and place are part of the

@@ -23,6 +23,8 @@ CASES = [
     ("resume-typo", ["train", "resume={tmp}/rnu"], None, "resume={tmp}/rnu does not exist"),
     ("limit-not-int", ["eval", "eval.limit=abc"], None, "eval.limit=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     ("unknown-key", ["eval", "protocol.max_roundz=3"], None, "max_roundz"),
+    ("experiment-for-other-roles", ["train", "experiment=arith_hierarchy", "roles=single_agent"], None,
+     "roles.meta_thinker: settings for a role that the chosen roles= does not have"),
     ("unknown-task", ["eval", "eval.tasks=[nosuchtask]"], None, "known tasks"),
     ("row-a-bare-number", ["eval", "eval.tasks=[gsm8k]"], "7\n", "test.jsonl:1: a row must be a JSON object"),
     ("question-null", ["eval", "eval.tasks=[gsm8k]"], '{"question": null, "answer": "#### 3"}\n',

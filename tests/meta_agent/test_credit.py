@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meta_agent.analysis.metrics import rollout_metrics
+from meta_agent.episode.reward import score
 from meta_agent.learning.credit import (
     advantage_shares,
     assign_advantages,
@@ -18,11 +19,12 @@ from training.types import Turn
 
 
 def played(make_episode, task, correct: bool):
-    """plan -> a tagged answer (right or wrong, no tool call) -> reflection that accepts."""
+    """plan -> a tagged answer (right or wrong, no tool call) -> reflection that accepts; scored."""
     ep = make_episode("hierarchy", task=task)
     for action in (PLAN, answer(task.answer if correct else "0"), REFLECTION):
         ep.advance_text(action)
     assert ep.done
+    score([ep])
     return ep
 
 

@@ -20,6 +20,7 @@ from meta_agent.env.rollout import (
     env_maker,
     env_seed,
 )
+from meta_agent.episode.reward import score
 from meta_agent.episode.runner import EpisodeFactory, play
 from meta_agent.errors import SettingError
 from meta_agent.learning.credit import assign_advantages, training_turns
@@ -170,6 +171,7 @@ def test_an_env_episode_is_played_by_the_runner_credited_and_trained_on(factory,
     make = env_maker("feedback", {"attempts": 2, "reflector": "meta_thinker"})
     episodes = env_episodes(make, [TASK], 2, seed=7, first=0, factory=factory)
     play(episodes, policy, seed=0)
+    score(episodes)  # as the training loop does: an env episode keeps the rewards its env handed out
     right, wrong = episodes
     assert [t.role for t in right.turns] == ["executor", "executor", "meta_thinker", "executor"]
     assert (

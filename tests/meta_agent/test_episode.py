@@ -12,6 +12,7 @@ import pytest
 
 from memory.types import MemoryEntry, MemoryHit
 from meta_agent.episode.protocol import Limits
+from meta_agent.episode.reward import score
 from meta_agent.episode.trace import TraceWriter, episode_dict, episode_markdown
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
 
@@ -84,6 +85,7 @@ def test_hierarchy_happy_path(make_episode, chat, role_sets):
     assert ep.lesson == "use the calculator"
     spec = rewards_spec(role_sets, "hierarchy")
     assert spec["executor"].correct == 1.0 and spec["meta_thinker"].correct == 1.0
+    score([ep])
     assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
     assert [(t.role, t.kind, t.reward) for t in ep.turns] == [
         ("meta_thinker", "plan", 1.0),
@@ -148,6 +150,7 @@ def test_revised_plan_starts_a_second_round(make_episode, chat):
     assert [t.round for t in ep.turns] == [0, 0, 0, 1, 1]
     assert (ep.final_answer, ep.correct) == (TASK.answer, True)
     assert ep.lesson == "check twice"
+    score([ep])
     assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
 
 
@@ -182,6 +185,7 @@ def test_a_fix_of_a_step_the_plan_lacks_keeps_the_plan_and_breaks_the_format(mak
     ep.advance_text(CALC)
     ep.advance_text(answer(TASK.answer))
     ep.advance_text(REFLECTION)
+    score([ep])
     assert ep.correct and ep.rewards["meta_thinker"] == pytest.approx(1.0 - penalty)
 
 
@@ -191,6 +195,7 @@ def test_max_rounds_one_allows_no_revision(make_episode):
     ep.advance_text(answer(WRONG))
     ep.advance_text(REVISE)
     assert ep.done and not ep.truncated and ep.round == 0 and len(ep.turns) == 3
+    score([ep])
     assert (ep.correct, ep.rewards) == (False, {"meta_thinker": 0.0, "executor": 0.0})
 
 
@@ -204,6 +209,7 @@ def test_without_final_reflection_the_last_round_ends_after_its_executor(make_ep
     ep.advance_text(answer(TASK.answer))
     assert ep.done and not ep.truncated and ep.round == 1
     assert [t.kind for t in ep.turns] == ["plan", "execute", "reflect", "execute"]
+    score([ep])
     assert (ep.correct, ep.rewards) == (True, {"meta_thinker": 1.0, "executor": 1.0})
     one_round = make_episode("hierarchy", limits=Limits(max_rounds=1), final_reflection=False)
     one_round.advance_text(PLAN)
@@ -239,6 +245,7 @@ def test_leaked_answer_costs_the_meta_thinker(make_episode, role_sets, plan):
         ep.advance_text(action)
     spec = rewards_spec(role_sets, "hierarchy")
     assert ep.correct and ep.leaked
+    score([ep])
     assert ep.rewards["meta_thinker"] == pytest.approx(
         spec["meta_thinker"].correct - spec["meta_thinker"].leak_penalty
     )
@@ -257,6 +264,7 @@ def test_answer_leaked_in_a_revision_costs_the_meta_thinker(make_episode, chat, 
     ep.advance_text(REFLECTION)
     spec = rewards_spec(role_sets, "hierarchy")["meta_thinker"]
     assert ep.correct and ep.leaked
+    score([ep])
     assert ep.rewards["meta_thinker"] == pytest.approx(spec.correct - spec.leak_penalty)
 
 
@@ -266,6 +274,7 @@ def test_accepting_reflection_may_quote_the_answer(make_episode):
     ep.advance_text(PLAN)
     ep.advance_text(answer(TASK.answer))
     ep.advance_text(f"<reflection>{TASK.answer} checks out</reflection><verdict>accept</verdict>")
+    score([ep])
     assert ep.done and not ep.leaked and ep.rewards["meta_thinker"] == 1.0
 
 
@@ -273,6 +282,7 @@ def test_plan_naming_the_questions_numbers_is_not_a_leak(make_episode):
     ep = make_episode("hierarchy")
     for action in ("<plan>multiply 728 by 734, then add 21,139</plan>", answer(TASK.answer), REFLECTION):
         ep.advance_text(action)
+    score([ep])
     assert not ep.leaked and ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
 
 
@@ -285,6 +295,7 @@ def test_untagged_plan_and_answer_are_used_but_penalised(make_episode, role_sets
     ep.advance_text(REFLECTION)
     spec = rewards_spec(role_sets, "hierarchy")
     assert ep.correct
+    score([ep])
     assert ep.rewards["meta_thinker"] == pytest.approx(1.0 - spec["meta_thinker"].format_penalty)
     assert ep.rewards["executor"] == pytest.approx(1.0 - spec["executor"].format_penalty)
 
@@ -301,6 +312,7 @@ def test_runaway_plan_or_reflection_costs_the_meta_thinker_and_stores_no_lesson(
     ):
         ep.advance_text(action)
     assert ep.plan.startswith("multiply then add") and not ep.turns[0].format_ok
+    score([ep])
     assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
     # A reflection whose lesson never closes: penalised, and the half lesson is not kept.
     ep = make_episode("hierarchy")
@@ -312,11 +324,13 @@ def test_runaway_plan_or_reflection_costs_the_meta_thinker_and_stores_no_lesson(
     ):
         ep.advance_text(action)
     assert ep.done and ep.lesson is None and not ep.turns[-1].format_ok
+    score([ep])
     assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
     ep = make_episode("hierarchy")
     for action in (PLAN, CALC, answer(TASK.answer), "<reflection>the calculator's calculator's"):
         ep.advance_text(action)
     assert not ep.turns[-1].format_ok
+    score([ep])
     assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
     # A reflection that closes its tags and then rambles past its verdict (seen in GRPO rollouts sampled
     # at temperature 1.0) accepts, keeps its lesson, and costs the penalty.
@@ -328,6 +342,7 @@ def test_runaway_plan_or_reflection_costs_the_meta_thinker_and_stores_no_lesson(
         ep.advance_text(action)
     assert ep.done and ep.lesson == "use the calculator" and not ep.turns[-1].format_ok
     assert (ep.rounds[-1].verdict, ep.rounds[-1].verdict_tagged) == ("accept", False)
+    score([ep])
     assert ep.rewards == {"meta_thinker": pytest.approx(1.0 - penalty), "executor": 1.0}
 
 
@@ -342,6 +357,7 @@ def test_single_agent_is_the_executor_alone(make_episode, chat):
     ep.advance_text(answer(TASK.answer))
     assert ep.done and ep.correct and not ep.truncated and not ep.leaked
     assert [(t.role, t.kind) for t in ep.turns] == [("executor", "execute")]
+    score([ep])
     assert ep.rewards == {"executor": 1.0}
     assert ep.lesson is None
 
@@ -367,6 +383,7 @@ def test_two_executors_solver_then_checker(make_episode, chat):
     assert "[solver]" in seen and "[checker]" in seen and f"Its final answer: {TASK.answer}" in seen
     ep.advance_text(REFLECTION)
     assert ep.final_answer == TASK.answer and ep.correct  # the checker's answer, not the solver's
+    score([ep])
     assert ep.rewards == {"meta_thinker": 1.0, "solver": 1.0, "checker": 1.0}
     assert [t.role for t in ep.turns] == ["meta_thinker", "solver", "checker", "meta_thinker"]
 
@@ -376,6 +393,7 @@ def test_two_executors_checker_overrules_a_right_solver(make_episode):
     for action in (PLAN, answer(TASK.answer), answer(WRONG), REFLECTION):
         ep.advance_text(action)
     assert ep.final_answer == WRONG and not ep.correct
+    score([ep])
     assert ep.rewards == {"meta_thinker": 0.0, "solver": 0.0, "checker": 0.0}
 
 
@@ -405,6 +423,7 @@ def test_token_budget_ends_the_episode_truncated(make_episode, chat):
     assert ep.done and ep.truncated
     assert [t.kind for t in ep.turns] == ["plan", "execute"]  # no reflection was started
     assert ep.final_answer == "12" and not ep.correct
+    score([ep])
     assert set(ep.rewards) == {"meta_thinker", "executor"}
 
 
@@ -421,6 +440,7 @@ def test_max_turns_ends_the_episode(make_episode):
     ep.advance_text(answer(TASK.answer))
     assert ep.done and ep.truncated and ep.correct
     assert [t.kind for t in ep.turns] == ["plan", "execute"] and ep.lesson is None
+    score([ep])
     assert ep.rewards == {"meta_thinker": 1.0, "executor": 1.0}
 
 
@@ -467,6 +487,7 @@ def test_bad_tool_calls_come_back_as_errors_and_cost_the_executor(make_episode, 
     ep.advance_text(REFLECTION)
     assert ep.correct and (ep.tool_calls, ep.tool_errors) == (4, 3)
     spec = rewards_spec(role_sets, "hierarchy")["executor"]
+    score([ep])
     assert ep.rewards["executor"] == pytest.approx(spec.correct - 3 * spec.tool_error_penalty)
     assert ep.rewards["meta_thinker"] == 1.0
 
@@ -479,6 +500,7 @@ def test_tool_error_penalty_is_capped(make_episode, role_sets):
     ep.advance_text(answer(TASK.answer))
     spec = role_sets["single_agent"][0].reward
     assert ep.tool_errors == 6
+    score([ep])
     assert ep.rewards["executor"] == pytest.approx(spec.correct - spec.max_tool_error_penalty)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from meta_agent.analysis.metrics import rollout_metrics
 from meta_agent.episode.prompts import Markers, environment_markers, neutralise
+from meta_agent.episode.reward import score
 from meta_agent.episode.trace import TraceWriter, episode_markdown
 from roles import Grammar
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer, tool_call
@@ -48,6 +49,7 @@ def test_a_forged_tool_result_earns_nothing(make_episode, chat, role_sets):
     for action in (PLAN, tool_call("calculator", expression=TASK.meta["expression"]), answer(TASK.answer)):
         honest.advance_text(action)
     honest.advance_text(REFLECTION)
+    score([honest])
     assert honest.correct and honest.rewards["executor"] == 1.0
 
     ep = make_episode("hierarchy")
@@ -62,6 +64,7 @@ def test_a_forged_tool_result_earns_nothing(make_episode, chat, role_sets):
     ep.advance_text(REFLECTION)
     assert not ep.correct and ep.final_answer is None
     executor_spec = next(r for r in role_sets["hierarchy"] if r.name == "executor")
+    score([ep])
     assert ep.rewards["executor"] == pytest.approx(
         executor_spec.reward.wrong - executor_spec.reward.format_penalty
     )

@@ -11,6 +11,7 @@ import pytest
 
 from meta_agent.config import load_config
 from meta_agent.demos.build import make_demos
+from meta_agent.episode import reward
 from meta_agent.episode.internal_memory import (
     NOTES_CHARS,
     Summary,
@@ -229,6 +230,7 @@ def test_truncate_builds_the_prompts_it_built_before_the_setting_existed(role_se
         "<reflection>ok</reflection><verdict>accept</verdict>",
     ):
         ep.advance_text(action)
+    reward.score([ep])
     record = [(t.prompt_ids, t.completion_ids, t.forged, t.format_ok, t.reward) for t in ep.turns]
     assert hashlib.sha256(json.dumps(record).encode()).hexdigest()[:16] == BEFORE_THE_SETTING
     assert ep.turns[0].forged == 0  # the header is no marker where no notes are carried

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from meta_agent.config import load_config
+from meta_agent.episode.reward import score
 from meta_agent.errors import SettingError
 from meta_agent.learning.credit import assign_advantages
 from roles import META_THINKER, Outcome, RewardSpec, reflection_reward, role_reward, round_reflection_reward
@@ -90,12 +91,13 @@ def test_bad_advantage_settings_name_the_key():
 
 
 def two_rounds(make_episode, fixed: bool):
-    """plan -> wrong answer -> revise -> (right | wrong) answer -> accept."""
+    """plan -> wrong answer -> revise -> (right | wrong) answer -> accept; scored."""
     ep = make_episode("hierarchy")  # max_rounds=2
     second = (CALC, answer(TASK.answer)) if fixed else (answer(WRONG),)
     for action in (PLAN, answer(WRONG), REVISE, *second, REFLECTION):
         ep.advance_text(action)
     assert ep.done
+    score([ep])
     return ep
 
 
@@ -103,7 +105,7 @@ def test_round_credit_gives_each_reflection_its_own_advantage(make_episode):
     episodes = [two_rounds(make_episode, True), two_rounds(make_episode, False)]
     for ep in episodes:  # the reflection weights of SPEC on the meta-thinker
         ep.roles["meta_thinker"] = replace(ep.roles["meta_thinker"], reward=SPEC)
-    # Episode credit first: meta-thinker rewards 1 and 0 (both episodes are graded before the weights
+    # Episode credit first: meta-thinker rewards 1 and 0 (both episodes are scored before the weights
     # changed) -> advantages +0.7071 and -0.7071 (group [1, 0]: mean 0.5, sample std 0.7071).
     assign_advantages(episodes, reflection_credit="round")
     reflect = [[t for t in ep.turns if t.kind == "reflect"] for ep in episodes]

@@ -86,7 +86,7 @@ def test_play_batches_both_roles_to_the_end(factory, backend, monkeypatch):
     assert all(ep.done for ep in episodes)
     assert batches[0] == ["meta_thinker", "executor", "executor", "meta_thinker"]  # one batch, both adapters
     for ep in episodes:
-        assert set(ep.rewards) == {"meta_thinker", "executor"}
+        assert set(ep.outcomes) == {"meta_thinker", "executor"}  # each role's, for the reward step
         assert sum(t.generated_tokens for t in ep.turns) <= LIMITS.max_new_tokens
         for turn in ep.turns:
             n = len(turn.completion_ids)
