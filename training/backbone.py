@@ -10,6 +10,7 @@ Where the weights come from (the packaged default or a local folder) is `trainin
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -251,10 +252,12 @@ class Backbone:
         for role in self.adapters:
             role_dir = folder / role
             role_dir.mkdir(parents=True, exist_ok=True)
-            config = self.model.peft_config[role]
+            config = copy.copy(self.model.peft_config[role])
             config.base_model_name_or_path = getattr(
                 self.model.base_model.model.config, "_name_or_path", None
             )
+            # PEFT holds the names as a set, in another order in every process: one adapter, one file
+            config.target_modules = sorted(config.target_modules)
             config.save_pretrained(role_dir)
             state = get_peft_model_state_dict(self.model, adapter_name=role)
             save_file(

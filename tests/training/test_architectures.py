@@ -4,6 +4,7 @@ with per-row adapters, train a GRPO step, and save adapters that plain PEFT load
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -138,6 +139,8 @@ def test_a_grpo_step_trains_both_adapters_and_peft_loads_what_the_checkpoint_sav
     folder = save_checkpoint(tmp_path / "checkpoints", 1, trainer, {}) / ADAPTERS_DIR
     ids = chat_ids(tokenizer, "What is 2+2?")
     for role in ROLES:
+        saved = json.loads((folder / role / "adapter_config.json").read_text())
+        assert saved["target_modules"] == sorted(TARGETS[arch])  # in one order whatever the process
         backbone.activate(role)
         expected = logits_of(backbone.model, ids)
         plain = PeftModel.from_pretrained(build_tiny_model(tokenizer, arch=arch), folder / role)
