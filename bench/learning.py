@@ -259,6 +259,21 @@ def without_neutral(settings: dict) -> dict:
     return out
 
 
+# roles.<role>.adapter.target_modules null (every linear layer but the LM head) names, on the default
+# backbone, the modules the earlier seeds listed: fingerprinted as that list, so they stay in the means.
+DEFAULT_BACKBONE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def with_named_targets(settings: dict) -> dict:
+    """`settings` with each role's null target_modules as the names it resolves to on the default backbone
+    (another model.path: as it is)."""
+    if settings.get("model", {}).get("path") is None:
+        for role in settings.get("roles", {}).values():
+            if role.get("adapter", {}).get("target_modules", []) is None:
+                role["adapter"]["target_modules"] = list(DEFAULT_BACKBONE_TARGETS)
+    return settings
+
+
 def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     """The dtype the backbone computes in under these overrides (model.dtype=auto: the CPU decides),
     and a fingerprint of every setting a seed's hierarchy trains with but its seed and run folder, and of
@@ -267,7 +282,7 @@ def settings_of(experiment: str, overrides: Sequence[str]) -> tuple[str, str]:
     however its yaml changed."""
     cfg = load_config([f"experiment={experiment}", *overrides, "run_dir=runs/fingerprint", "seed=0"])
     dtype = str(torch_dtype(cfg.model.dtype, cfg.model.device)).removeprefix("torch.")
-    settings = without_neutral(OmegaConf.to_container(as_dictconfig(cfg), resolve=True))
+    settings = without_neutral(with_named_targets(OmegaConf.to_container(as_dictconfig(cfg), resolve=True)))
     fingerprinted = {"settings": settings, "training_revision": TRAINING_REVISION}
     if cfg.sft.source in DEMONSTRATIONS_REVISION:
         fingerprinted["demonstrations_revision"] = DEMONSTRATIONS_REVISION[cfg.sft.source]

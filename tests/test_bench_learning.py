@@ -595,3 +595,14 @@ def test_sft_from_stops_before_any_run_with_one_line(tmp_path, argv, message):
         SystemExit, match="its seeds trained distract_check_hierarchy, not --task reflection's"
     ):
         learning.sft_sources(parse_args(["--task", "reflection", "--sft-from", str(other)]))
+
+
+def test_null_target_modules_fingerprint_as_the_names_they_resolve_to_on_the_default_backbone():
+    """target_modules null came later: on the default backbone it is the list the seeds were recorded with."""
+    from bench.learning import DEFAULT_BACKBONE_TARGETS, settings_of
+
+    names = f"[{','.join(DEFAULT_BACKBONE_TARGETS)}]"
+    listed = [f"roles.{role}.adapter.target_modules={names}" for role in ("meta_thinker", "executor")]
+    assert settings_of("arith_hierarchy", listed) == settings_of("arith_hierarchy", [])
+    fewer = ["roles.executor.adapter.target_modules=[q_proj,v_proj]"]
+    assert settings_of("arith_hierarchy", fewer)[1] != settings_of("arith_hierarchy", [])[1]
