@@ -56,12 +56,23 @@ ARMS: dict[str, list[str]] = {
 }
 
 
+def canonical_bytes(path: Path) -> bytes:
+    """A file's bytes; a JSON file's as sorted JSON (PEFT keeps target_modules as a set, so their order in
+    adapter_config.json changes from one process to the next)."""
+    if path.suffix != ".json":
+        return path.read_bytes()
+    data = json.loads(path.read_text())
+    if isinstance(data.get("target_modules"), list):
+        data["target_modules"] = sorted(data["target_modules"])
+    return json.dumps(data, sort_keys=True).encode()
+
+
 def adapter_hashes(run_dir: Path) -> dict[str, str]:
     """sha256 of every file under the run's latest checkpoint's adapters folder, by relative path."""
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     folder = run_dir / "checkpoints" / latest / "adapters"
     return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        str(path.relative_to(folder)): hashlib.sha256(canonical_bytes(path)).hexdigest()
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
