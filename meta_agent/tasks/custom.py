@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from meta_agent.errors import BadData, MissingFile, SettingError
+from meta_agent.tasks.countdown import read_gold
 from meta_agent.tasks.grading import GRADERS, normalize_gold
 from meta_agent.tasks.jsonl import json_lines
 from meta_agent.tasks.types import Task
@@ -41,7 +42,8 @@ class CustomTask:
     question: str = "question"  # the rows' field shown to the agents
     answer: str = "answer"  # the rows' field with the gold answer (text or a number)
     # math (math-verify) | exact (the text, whitespace aside) | numeric (within 1e-6) | code (the answer
-    # field is a test program, run after the model's code in the sandbox; it passes when it exits 0)
+    # field is a test program, run after the model's code in the sandbox; it passes when it exits 0) |
+    # countdown (the answer field is "numbers -> target", "44 19 35 -> 98"; see tasks.countdown)
     grader: str = "math"
     split: str | None = None  # the rows' field that says "train" or "test" (see the module's text)
     test_share: float | None = None  # or: this share of the rows, by a hash of the question, is test
@@ -107,6 +109,11 @@ def load_custom(name: str, spec: CustomTask, split: str, limit: int | None, seed
         if by_share and _in_test(question, spec.test_share) != (split == "test"):
             continue
         gold = _gold_field(row, spec.answer, where)
+        if spec.grader == "countdown":
+            try:
+                read_gold(gold)
+            except ValueError as e:
+                raise BadData(f"{where}: field {spec.answer!r}: {e}") from None
         tasks.append(Task(f"{name}/{split}/{line_no}", question, gold, name, {"row": line_no}, spec.grader))
         if limit is not None and len(tasks) >= limit:
             break

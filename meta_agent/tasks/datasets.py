@@ -2,6 +2,7 @@
 
     load_tasks("gsm8k", "test", limit=20)   # first 20 rows of data/gsm8k/test.jsonl
     load_tasks("arith", "train", seed=1)     # generated, see arith.py
+    load_tasks("countdown", "train")         # generated; "countdown_tinyzero" is a stored test set (countdown.py)
     load_tasks("mine", "test", custom=cfg.custom_tasks)   # a researcher's own, see custom.py
 
 Stored families read `<data>/<name>/<split>.jsonl` (files, sources and licences: data/README.md).
@@ -21,6 +22,7 @@ from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks.arith import make_arith_tasks
 from meta_agent.tasks.arith_distract import make_distract_tasks
 from meta_agent.tasks.code import load_humaneval
+from meta_agent.tasks.countdown import countdown_task, make_countdown_tasks
 from meta_agent.tasks.custom import CustomTask, is_task_file, load_custom
 from meta_agent.tasks.grading import extract_gsm8k_answer, normalize_gold
 from meta_agent.tasks.jsonl import json_lines
@@ -42,10 +44,12 @@ KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
     "arith_distract": ("train", "test"),  # arith with distractor quantities, see arith_distract.py
     "humaneval": ("test",),  # Python functions graded by unit tests in the sandbox, see code.py
     "pyfunc": ("train", "test"),  # generated small functions with hidden tests, see pyfunc.py
+    "countdown": ("train", "test"),  # generated: reach a target from given numbers, see countdown.py
+    "countdown_tinyzero": ("test",),  # TinyZero's Countdown test set, stored; graded as countdown
 }
 
-# How many arith tasks `load_tasks` generates when no limit is given: enough for a training run,
-# and an eval set whose accuracy has a ~2-point standard error.
+# How many arith (and countdown) tasks `load_tasks` generates when no limit is given: enough for a
+# training run, and an eval set whose accuracy has a ~2-point standard error.
 ARITH_DEFAULT_SIZE = {"train": 5000, "test": 500}
 PYFUNC_ALL = 100_000  # more than either pyfunc split holds (about 1,400 and 350): all of it
 
@@ -83,6 +87,9 @@ def load_tasks(
         return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     if name == "arith_distract":
         return make_distract_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
+    if name == "countdown":  # its train split leaves out the problems of countdown_tinyzero's file
+        size = ARITH_DEFAULT_SIZE[split] if limit is None else limit
+        return make_countdown_tasks(split, size, seed=seed, data_dir=resolve_data_dir(data_dir))
     if name == "humaneval":
         return load_humaneval(limit)
     if name == "pyfunc":  # without a limit: the whole split (about 1,400 train and 350 test problems)
@@ -168,11 +175,27 @@ def _competition(row: dict[str, Any], task_id: str, source: str) -> Task:
     return Task(task_id, _text(row, "problem", task_id), answer, source, meta)
 
 
+def _countdown(row: dict[str, Any], task_id: str, source: str) -> Task:
+    # TinyZero's rows: `target` and `nums` (the numbers, 3 or 4, in the order the question shows them).
+    target, numbers = _field(row, "target", task_id), _field(row, "nums", task_id)
+    if not _whole(target) or not isinstance(numbers, list) or not numbers or not all(map(_whole, numbers)):
+        raise BadData(
+            f"{task_id}: 'target' must be a whole number and 'nums' a list of them, not {target!r:.20} "
+            f"and {numbers!r:.40}"
+        )
+    return countdown_task(task_id, numbers, target, source)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 _ROW_READERS: dict[str, Callable[[dict[str, Any], str, str], Task]] = {
     "gsm8k": _gsm8k,
     "math500": _math500,
     "aime24": _competition,
     "amc23": _competition,
+    "countdown_tinyzero": _countdown,
 }
 
 

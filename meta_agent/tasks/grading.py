@@ -20,6 +20,8 @@ import sympy
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from meta_agent.tasks.countdown import grade_countdown
+
 # math-verify interrupts slow parses and comparisons with signal.alarm, which only the main thread
 # may set: elsewhere it would raise. Off the main thread we run without it and rely on the
 # size guard below, which stops the inputs that are known to hang SymPy.
@@ -217,7 +219,15 @@ def _grade_code(prediction: str, tests: str) -> bool:
 
 # Graders by name (a task's `grader`; custom_tasks.<name>.grader): prediction and gold answer -> right?
 # "code": the gold answer is a test program run after the prediction's code (tasks.code.grade_code).
-GRADERS = {"math": grade, "exact": grade_exact, "numeric": grade_numeric, "code": _grade_code}
+# "countdown": the gold answer is "numbers -> target" ("44 19 35 -> 98"); the prediction an expression that
+# uses each number once and equals the target (tasks.countdown.grade_countdown).
+GRADERS = {
+    "math": grade,
+    "exact": grade_exact,
+    "numeric": grade_numeric,
+    "code": _grade_code,
+    "countdown": grade_countdown,
+}
 
 
 def grade_task(prediction: str, task) -> bool:

@@ -22,13 +22,15 @@ class Task:
         question: the text shown to the agents.
         answer: the gold final answer as text ("18", "\\frac{1}{2}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
             ready for `grade(prediction, answer)`.
-        source: the task family ("gsm8k", "math500", "aime24", "amc23", "arith", "arith_distract", "cli",
-            or the name of a task from a file or loader, see tasks.custom).
+        source: the task family ("gsm8k", "math500", "aime24", "amc23", "arith", "arith_distract",
+            "countdown", "countdown_tinyzero", "cli", or the name of a task from a file or loader, see
+            tasks.custom).
         meta: extra per-task facts, JSON-compatible values: the reference solution, MATH subject and
             level, or the canonical expression of a generated problem. Read-only by convention.
         grader: how an answer is checked against `answer` (grading.GRADERS): "math" (math-verify,
-            most built-in families), "exact" or "numeric" (tasks from a file may choose), or "code" (the
-            answer is a test program run on the prediction's code in the sandbox: humaneval).
+            most built-in families), "exact" or "numeric" (tasks from a file may choose), "code" (the
+            answer is a test program run on the prediction's code in the sandbox: humaneval), or
+            "countdown" (the answer is "numbers -> target"; the prediction an expression, tasks.countdown).
     """
 
     id: str

@@ -56,7 +56,7 @@ def test_a_task_is_graded_by_its_own_grader():
     assert grade_task("Lima", exact) and not grade_task("lima", exact)
     math = Task("t/test/2", "1/2?", "\\frac{1}{2}", "t")
     assert grade_task("0.5", math)
-    assert set(GRADERS) == {"math", "exact", "numeric", "code"}
+    assert set(GRADERS) == {"math", "exact", "numeric", "code", "countdown"}
 
 
 def test_file_task_reads_named_fields_and_the_split_field(tmp_path):
