@@ -51,7 +51,11 @@ ARMS: dict[str, list[str]] = {
     "gae": ["grpo.advantage=gae", "grpo.filter_zero_variance=false"],
     "unscaled_seq_mean": ["grpo.scale_advantages=false", "grpo.aggregation=seq-mean-token-mean"],
     "dr_grpo_outcome": ["grpo.aggregation=dr-grpo", "grpo.max_tokens=256", "grpo.zero_variance_of=outcome"],
-    "two_rounds_round_credit": ["protocol.max_rounds=2", "grpo.reflection_credit=round"],
+    "two_rounds_round_credit": [
+        "protocol.max_rounds=2",
+        "grpo.reflection_credit=round",
+        "roles.meta_thinker.reward.improvement_bonus=1",
+    ],
     "two_rounds_credit_none": ["protocol.max_rounds=2", "grpo.reflection_credit=none"],
 }
 
