@@ -34,21 +34,33 @@ def tiny_model_config(
 
     head_dim: 16 (4 query heads); vLLM's CPU attention needs at least 32 (2 query heads).
     """
-    heads = 64 // head_dim
     return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=2048,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        **_llama_family_sizes(head_dim), rope_theta=100000.0, **_token_ids(vocab_size, bos_id, eos_id)
     )
+
+
+def _llama_family_sizes(head_dim: int) -> dict:
+    """Width 64, 2 layers, 64 // head_dim query heads and half as many key/value heads."""
+    heads = 64 // head_dim
+    return {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "max_position_embeddings": 2048,
+    }
+
+
+def _token_ids(vocab_size: int, bos_id: int, eos_id: int) -> dict:
+    """The vocabulary, its special ids (pad = eos) and tied embeddings."""
+    return {
+        "vocab_size": vocab_size,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": eos_id,
+        "tie_word_embeddings": True,
+    }
 
 
 def tiny_config_of(
@@ -57,35 +69,18 @@ def tiny_config_of(
     """`arch`'s config at the tiny Llama's size: 2 layers, width 64, tied embeddings, no dropout."""
     if arch == "llama":
         return tiny_model_config(vocab_size, bos_id, eos_id, head_dim)
-    heads = 64 // head_dim
-    ids = {
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "pad_token_id": eos_id,
-        "tie_word_embeddings": True,
-    }
     if arch == "qwen2":
-        return Qwen2Config(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=heads,
-            num_key_value_heads=max(1, heads // 2),
-            max_position_embeddings=2048,
-            **ids,
-        )
+        return Qwen2Config(**_llama_family_sizes(head_dim), **_token_ids(vocab_size, bos_id, eos_id))
     if arch == "gpt2":  # Conv1D projections named c_attn, c_proj, c_fc; learned positions
         no_dropout = {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
         return GPT2Config(
-            vocab_size=vocab_size,
             n_embd=64,
             n_inner=128,
             n_layer=2,
-            n_head=heads,
+            n_head=64 // head_dim,
             n_positions=2048,
             **no_dropout,
-            **ids,
+            **_token_ids(vocab_size, bos_id, eos_id),
         )
     raise ValueError(f"unknown tiny architecture {arch!r}; known: {ARCHITECTURES}")
 
