@@ -42,7 +42,7 @@ from meta_agent.learning.train import train
 from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.settings import Config
 from meta_agent.system import build_system, check_tools
-from meta_agent.tasks import Task
+from meta_agent.tasks import KNOWN_TASKS, Task
 from roles import META_THINKER
 from training.backbone import Backbone
 from training.checkpoint import CHECKPOINTS_DIR, CheckpointError, latest_checkpoint, resolve_resume
@@ -78,7 +78,7 @@ overrides (Hydra): experiment=arith_hierarchy  resume=runs/arith_hierarchy  role
 meta-agent COMMAND --help (or -h): that command's usage, main keys and an example
 """
 
-# Every command's --help: usage, the keys that matter for it, an example. tests/meta_agent/test_cli.py
+# Every command's --help: usage, the keys that matter for it, an example. tests/meta_agent/test_cli_help.py
 # checks each key against the config, so a renamed setting cannot leave a stale line here.
 RUN_KEYS = """  experiment=NAME         a preset of configs/experiment/:
 {experiments}
@@ -109,7 +109,8 @@ example:
 Evaluate the roles on benchmark tasks: accuracy per task, eval.json and traces.jsonl in run_dir.
 
 main keys:
-  eval.tasks=[arith,gsm8k]  tasks: arith | gsm8k | math500 | aime24 | amc23 | a custom_tasks name
+  eval.tasks=[arith,gsm8k]  tasks, or a custom_tasks name:
+{tasks}
   eval.limit=N            problems per task (null: all)
   eval.split=test         test | train
   eval.samples=N          episodes per problem: above 1, pass@k, maj@k and an interval
@@ -233,11 +234,18 @@ example:
 
 
 def command_help(command: str) -> str:
-    """COMMAND_HELP[command] with the run keys, the experiments of the config folder and the SFT sources."""
+    """COMMAND_HELP[command] with the run keys, the experiments of the config folder, the known tasks and
+    the SFT sources."""
     experiments = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
-    listed = textwrap.fill(", ".join(experiments), 104, initial_indent=" " * 26, subsequent_indent=" " * 26)
-    text = COMMAND_HELP[command].replace("{run_keys}", RUN_KEYS).replace("{experiments}", listed)
-    return text.replace("{sources}", " | ".join(SOURCES))
+    text = (
+        COMMAND_HELP[command].replace("{run_keys}", RUN_KEYS).replace("{experiments}", _listed(experiments))
+    )
+    return text.replace("{tasks}", _listed(KNOWN_TASKS)).replace("{sources}", " | ".join(SOURCES))
+
+
+def _listed(names) -> str:
+    """Names as an indented paragraph under a key's column of a help text."""
+    return textwrap.fill(", ".join(names), 104, initial_indent=" " * 26, subsequent_indent=" " * 26)
 
 
 def start_run(

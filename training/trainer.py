@@ -372,14 +372,12 @@ class PolicyTrainer:
     def _dropout(self) -> bool:
         """Whether a training pass draws dropout (LoRA's or attention's): a shared prefix would then draw one
         mask for all its turns, where turn by turn each draws its own."""
-        configs = getattr(self.model, "peft_config", {}).values()
         base = (
             self.model.get_base_model().config if hasattr(self.model, "get_base_model") else self.model.config
         )
         return (
-            any(getattr(c, "lora_dropout", 0.0) > 0 for c in configs)
-            or getattr(base, "attention_dropout", 0.0) > 0
-            # dropout modules of other architectures (GPT-2's attn/resid/embd_pdrop)
+            getattr(base, "attention_dropout", 0.0) > 0  # Llama's: functional, no module to find
+            # dropout modules: LoRA's (lora_dropout) and other architectures' (GPT-2's attn/resid/embd_pdrop)
             or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
         )
 
