@@ -27,6 +27,7 @@ NOTES_HEADER = (
     "Your notes from earlier rounds:"  # memory.internal=summary (meta_agent.episode.internal_memory)
 )
 CHECK_HEADER = "The question's numbers, against the plan and the work:"  # protocol.number_check
+ATTEMPT_HEADER = "The calculator's check of the answer:"  # protocol.attempt_check
 _QUOTED = str.maketrans("<>[]", "\u2039\u203a\u2039\u203a")  # < > [ ] -> single guillemets
 
 
@@ -146,16 +147,20 @@ def work_block(turns: Sequence[TurnRecord]) -> str:
 
 
 def previous_block(
-    this_round: Sequence[TurnRecord], last_round: Sequence[TurnRecord], reflection: str
+    this_round: Sequence[TurnRecord],
+    last_round: Sequence[TurnRecord],
+    reflection: str,
+    header: str = REFLECTION_HEADER,
 ) -> str:
     """Earlier executors of this round; or, for the first executor of a later round, the last round's
-    attempt and the reflection that asked for this one; empty for the first executor of round one."""
+    attempt and the reflection that asked for this one (under `header`: a lone executor's retry shows
+    the calculator's check of its attempt instead); empty for the first executor of round one."""
     if this_round:
         return f"{WORK_HEADER}\n{work_block(this_round)}\n\n"
     if not last_round:
         return ""
     work = "\n\n".join(tail(t.text.strip()) for t in last_round)
-    return f"{PREVIOUS_HEADER}\n{work}\n\n{REFLECTION_HEADER}\n{tail(reflection)}\n\n"
+    return f"{PREVIOUS_HEADER}\n{work}\n\n{header}\n{tail(reflection)}\n\n"
 
 
 def without_notes(text: str, grammar: Grammar) -> str:
