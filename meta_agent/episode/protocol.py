@@ -18,6 +18,7 @@ from meta_agent.episode.internal_memory import CARRIED_LIMIT, InternalMemory, Tr
 from meta_agent.episode.prompts import (
     CHECK_HEADER,
     NOTES_HEADER,
+    PLAN_HEADER,
     environment_markers,
     memory_block,
     neutralise,
@@ -25,6 +26,7 @@ from meta_agent.episode.prompts import (
     number_check,
     previous_block,
     tail,
+    template_headers,
     valid_text,
     without_notes,
     without_plans,
@@ -130,10 +132,13 @@ class Episode(PlayedEpisode):
         self.show_plan = show_plan
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.internal = internal or Truncate()
-        specials = getattr(chat.tokenizer, "all_special_tokens", ())
-        extra = (NOTES_HEADER,) if self.internal.carries else ()
+        # the framing lines of the roles' own prompts ("Question:", "Its final answer:") are markers too
+        extra = template_headers(t for r in roles for t in (r.user_template, r.reflect_template))
+        extra += (NOTES_HEADER,) if self.internal.carries else ()
         extra += (CHECK_HEADER,) if self.limits.number_check else ()
-        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, extra)
+        self._markers = environment_markers(
+            [r.grammar for r in roles], self.roles, chat.special_tokens, extra
+        )
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
@@ -307,7 +312,7 @@ class Episode(PlayedEpisode):
             )
         elif kind == EXECUTE:
             shown = self.plan if self.show_plan else None
-            plan = f"Plan from the meta-thinker:\n{shown}\n\n" if shown else ""
+            plan = f"{PLAN_HEADER}\n{shown}\n\n" if shown else ""
             last = self._round_turns(self.round - 1) if self.round > 0 else []
             reflection = next((self._shown_text(t) for t in reversed(self.turns) if t.kind == REFLECT), "")
             previous = previous_block(self._round_turns(self.round), last, reflection)
