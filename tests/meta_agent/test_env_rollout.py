@@ -156,6 +156,33 @@ def test_feedback_env_refuses_each_forgery_through_the_trainer(forgery, factory,
     assert not episode.correct and episode.rewards == {"executor": 0.0}
 
 
+def test_an_env_gets_the_runs_registry_and_its_tools_are_checked_at_start_up(monkeypatch, registry):
+    """FeedbackEnv under the trainer runs the run's registry (tools.sandbox.* as set), never one of its
+    own with default limits; train.env_args cannot replace it; the start-up check covers its tools."""
+    import meta_agent.system as system
+    from meta_agent.config import load_config
+    from meta_agent.env.rollout import env_tools
+    from tools import TOOL_NAMES
+
+    env = env_maker("feedback", {"tools": ["python"]}, {"registry": registry, "special_tokens": ()})()
+    assert env.registry is registry
+    with pytest.raises(SettingError, match="train.env_args.registry: the run provides it"):
+        env_maker("feedback", {"registry": None}, {"registry": registry})
+    assert env_tools("feedback", {}, TOOL_NAMES) == ("calculator",)
+    assert env_tools("feedback", {"tools": ["python"]}, TOOL_NAMES) == ("python",)
+    assert env_tools("tests.meta_agent.test_env_rollout:Countdown", {}, TOOL_NAMES) == ()  # takes no registry
+    checked = []
+    monkeypatch.setattr(system, "_SANDBOXES_CHECKED", set())
+    monkeypatch.setattr(system.PythonSandbox, "check", lambda self: checked.append(self.limits.timeout_s))
+    overrides = ["roles.executor.tools=[calculator]", "train.env=feedback", "tools.sandbox.timeout_s=2"]
+    system.check_tools(load_config(overrides))
+    assert checked == []  # the env runs the calculator alone: no sandbox to check
+    system.check_tools(load_config([*overrides, "+train.env_args.tools=[python]"]))
+    assert checked == [2.0]
+    with pytest.raises(SettingError, match=r"train.env_args.tools names \['shell'\], not registered"):
+        system.check_tools(load_config([*overrides, "+train.env_args.tools=[shell]"]))
+
+
 def test_env_maker_names_each_mistake_in_one_line():
     with pytest.raises(SettingError, match="train.algorithm=dpo mines no pair from an env"):
         check_env_settings("dpo", "episode")
