@@ -33,10 +33,10 @@ At both levels: resource limits (CPU seconds, address space, file size, open fil
 core dumps); root runs the program as a uid of its own for this call, real, effective and saved (so the
 process count is the call's alone, and no root-only file can be read; at the landlock level a prefix
 that only root may enter, an interpreter under /root, is reached through a descriptor opened before),
-and a non-root user keeps its uid without capabilities; no new privileges; the supervisor samples the
-call's totals (the resident memory of all its processes; at the landlock level, the bytes in scratch)
-and stops the program past them (`limit WHAT`); and python guards that turn a socket or a write outside
-scratch into a readable PermissionError (easy to bypass, the layers above are what hold).
+and a non-root user keeps its uid without capabilities; no new privileges; and python guards that turn
+a socket or a write outside scratch into a readable PermissionError (easy to bypass, the layers above
+are what hold). Not bounded per call yet: the processes' memory together (each has `memory_bytes`), and
+at the landlock level the bytes written to scratch (each file has `file_bytes`).
 """
 
 import builtins
