@@ -19,6 +19,7 @@ from meta_agent.episode.prompts import (
     ATTEMPT_HEADER,
     CHECK_HEADER,
     NOTES_HEADER,
+    PLAN_HEADER,
     environment_markers,
     memory_block,
     neutralise,
@@ -26,6 +27,7 @@ from meta_agent.episode.prompts import (
     number_check,
     previous_block,
     tail,
+    template_headers,
     valid_text,
     without_notes,
     without_plans,
@@ -139,11 +141,14 @@ class Episode(PlayedEpisode):
         self.show_plan = show_plan
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.internal = internal or Truncate()
-        specials = getattr(chat.tokenizer, "all_special_tokens", ())
-        extra = (NOTES_HEADER,) if self.internal.carries else ()
+        # the framing lines of the roles' own prompts ("Question:", "Its final answer:") are markers too
+        extra = template_headers(t for r in roles for t in (r.user_template, r.reflect_template))
+        extra += (NOTES_HEADER,) if self.internal.carries else ()
         extra += (CHECK_HEADER,) if self.limits.number_check else ()
         extra += (ATTEMPT_HEADER,) if self.limits.attempt_check else ()
-        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, extra)
+        self._markers = environment_markers(
+            [r.grammar for r in roles], self.roles, chat.special_tokens, extra
+        )
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
@@ -332,11 +337,9 @@ class Episode(PlayedEpisode):
             )
         elif kind == EXECUTE:
             shown = self.plan if self.show_plan else None
-            plan = f"Plan from the meta-thinker:\n{shown}\n\n" if shown else ""
+            plan = f"{PLAN_HEADER}\n{shown}\n\n" if shown else ""
             last = self._round_turns(self.round - 1) if self.round > 0 else []
-            if (
-                self.meta is None and self.round > 0
-            ):  # a lone executor's retry: it reads the check of its miss
+            if self.meta is None and self.round > 0:  # a lone executor's retry reads the check of its miss
                 check = describe_attempt(self.rounds[-1].answer, *read_gold(self.task.answer))
                 previous = previous_block(self._round_turns(self.round), last, check, header=ATTEMPT_HEADER)
             else:

@@ -112,7 +112,8 @@ def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) 
         evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
     else:  # the rollouts and the test tasks played through the env
         check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
-        make_env = env_maker(cfg.train.env, cfg.train.env_args)
+        provided = {"registry": system.registry, "special_tokens": system.chat.special_tokens}
+        make_env = env_maker(cfg.train.env, cfg.train.env_args, provided)
         drain = system.backbone.lockstep.drain
         evaluate = partial(
             env_accuracy, make_env, system.factory, system.backend, test, cfg.seed, ranks, drain
