@@ -82,7 +82,9 @@ def test_every_mistake_kind_misses_and_the_start_is_a_leaf_operation():
             tree = mistaken_tree(NUMBERS, TARGET, mistake, rng)
             attempt = check_attempt(format_expr(tree), NUMBERS, TARGET)
             assert not attempt.solves and value_of_exact(tree) != TARGET
-            assert {"value": not attempt.missing, "repeat": bool(attempt.extra_or_repeated)}.get(mistake, True)
+            assert {"value": not attempt.missing, "repeat": bool(attempt.extra_or_repeated)}.get(
+                mistake, True
+            )
             assert mistake != "missing" or len(attempt.missing) == 1
     assert first_operation(("+", 5, ("*", 3, 4))) == ("*", 3, 4)
     assert first_operation(("-", ("+", 1, 2), 7)) == ("+", 1, 2)
