@@ -285,10 +285,10 @@ def pyfunc_demos(n: int, ctx: DemoContext) -> list[Episode]:
     return [play_demo(pyfunc_actions(t, ctx.seed, ctx.grammar, revise), t, ctx.factory) for t in tasks]
 
 
-def countdown_demos(n: int, ctx: DemoContext) -> list[Episode]:
-    """Generated Countdown problems, half of them a first round that misses, caught and revised where a
-    meta-thinker can revise, or retried by a lone executor after the check's miss (demos.countdown)."""
-    tasks = load_tasks("countdown", "train", limit=n, seed=ctx.seed, data_dir=ctx.data_dir)
+def countdown_demos(n: int, ctx: DemoContext, task: str = "countdown") -> list[Episode]:
+    """Generated Countdown problems of family `task`, half of them a first round that misses, caught and
+    revised where a meta-thinker can revise, or retried by a lone executor after the check's miss."""
+    tasks = load_tasks(task, "train", limit=n, seed=ctx.seed, data_dir=ctx.data_dir)
     # A lone executor with the attempt check retries after a miss (Episode._retries): it is shown the same.
     alone = meta_thinker(ctx.roles) is None and ctx.limits.attempt_check and ctx.limits.max_rounds >= 2
     revise = None if ctx.can_revise or alone else False
@@ -327,6 +327,7 @@ DEMO_SOURCES: dict[str, Callable[[int, DemoContext], list[Episode]]] = {
     "arith_distract": distract_demos,
     "arith_distract_check": partial(distract_demos, check=True),
     "countdown": countdown_demos,
+    "countdown3": partial(countdown_demos, task="countdown3"),
     "gsm8k": gsm8k_demos,
     "pyfunc": pyfunc_demos,
 }
