@@ -78,8 +78,14 @@ class Stage:
     memory_max_id: int = 0  # newest memory entry at the checkpoint; later writes are undone on resume
 
 
-def train(cfg: Config, run_dir: Path, ranks: Ranks | None = None) -> dict[str, float]:
-    """Train as `cfg` says, writing into `run_dir`; returns the held-out accuracies and the budget used."""
+def train(
+    cfg: Config, run_dir: Path, ranks: Ranks | None = None, on_start: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Train as `cfg` says, writing into `run_dir`; returns the held-out accuracies and the budget used.
+
+    Every check (the env's settings, a resumed checkpoint that must fit these settings) passes before the
+    run writes anything: `on_start` is called then, once (`meta-agent train` writes the resumed run's
+    config.yaml there), and only then the event files, logs and traces."""
     if ranks is None:  # as `meta-agent train` does: this process's rank, on its own device
         cfg, ranks = join(cfg)
     if ranks.size > 1 and cfg.train.tasks_per_step < ranks.size:
@@ -87,41 +93,64 @@ def train(cfg: Config, run_dir: Path, ranks: Ranks | None = None) -> dict[str, f
             f"train.tasks_per_step={cfg.train.tasks_per_step} gives some of the {ranks.size} processes no "
             f"task: set train.tasks_per_step to at least {ranks.size} (a multiple of it splits evenly)"
         )
+    if cfg.train.env:
+        check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
+        make_env = env_maker(cfg.train.env, cfg.train.env_args)
+    else:
+        make_env = None
     with rank0_first(ranks):  # rank 0 converts the backbone's cache and creates the memory folder
         system = build_system(cfg, memory_read_only=not ranks.main, ranks=ranks)
-    log = RunLog(run_dir, enabled=ranks.main)
+    log = None
     try:
-        return grpo(cfg, run_dir, ranks, system, log)
+        resumed = resume_state(cfg, system, ranks) if cfg.resume else None
+        if on_start is not None:
+            on_start()
+        log = RunLog(run_dir, enabled=ranks.main)
+        return grpo(cfg, run_dir, ranks, system, log, make_env, resumed)
     finally:  # also when the run raises: the event files keep what was logged, the vLLM engine stops
-        log.close()
+        if log is not None:
+            log.close()
         system.close()
 
 
-def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) -> dict[str, float]:
-    """SFT (if enabled and not resuming), then the GRPO loop, on a built system."""
+def resume_state(cfg: Config, system: System, ranks: Ranks) -> tuple[PolicyTrainer, Stage]:
+    """The trainer and stage of `cfg.resume`'s checkpoint, loaded: adapters, optimizer, scheduler, RNG, data
+    position, step. A checkpoint these settings cannot continue is refused here, before anything is written."""
+    trainer = policy_trainer(cfg, system, ranks)
+    state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
+    if state.stage not in ("sft", cfg.train.algorithm):
+        raise SettingError(
+            f"{cfg.resume} was trained with train.algorithm={state.stage}: resume it with that (meta-agent "
+            f"{'dpo' if state.stage == 'dpo' else 'train'}), or start a new run from its adapters with adapters=..."
+        )
+    return trainer, state
+
+
+def grpo(
+    cfg: Config,
+    run_dir: Path,
+    ranks: Ranks,
+    system: System,
+    log: RunLog,
+    make_env: Callable[[], AECEnv] | None = None,
+    resumed: tuple[PolicyTrainer, Stage] | None = None,
+) -> dict[str, float]:
+    """SFT (if enabled and not resuming), then the GRPO loop, on a built system; `resumed`: the trainer and
+    stage resume_state loaded."""
     traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
-    if not cfg.train.env:
-        make_env = None
+    if make_env is None:
         evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
     else:  # the rollouts and the test tasks played through the env
-        check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
-        make_env = env_maker(cfg.train.env, cfg.train.env_args)
         drain = system.backbone.lockstep.drain
         evaluate = partial(
             env_accuracy, make_env, system.factory, system.backend, test, cfg.seed, ranks, drain
         )
     evaluate = forgetting(evaluate, system.backend)
-    if cfg.resume:  # exactly where it stopped: adapters, optimizer, scheduler, RNG, data position, step
-        trainer = policy_trainer(cfg, system, ranks)
-        state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
-        if state.stage not in ("sft", cfg.train.algorithm):
-            raise SettingError(
-                f"{cfg.resume} was trained with train.algorithm={state.stage}: resume it with that (meta-agent "
-                f"{'dpo' if state.stage == 'dpo' else 'train'}), or start a new run from its adapters with adapters=..."
-            )
+    if resumed is not None:
+        trainer, state = resumed
         # Lessons committed after the checkpoint belong to steps that will be played again.
         rollback_memory(system.memory, state.memory_max_id, ranks, private=system.memory_private)
         console.print(f"resumed from {cfg.resume} at step {state.step}")
