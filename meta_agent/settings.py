@@ -115,6 +115,9 @@ class TrainSettings(UpdateSettings):
     # reads it, so a run trains the same adapters either way)
     eval_base: bool = True
     trace_every: int = 5  # reflection traces into TensorBoard's text tab every N steps
+    # turns per role of the first rollout on which each step logs the KL to the policy GRPO began with
+    # (training.drift; one no-gradient pass over them a step); 0: only the update norms and cosines
+    drift_turns: int = 4
     checkpoint_every: int = 10  # a checkpoint every N steps (and at the last); resume=<run> continues from it
     keep_checkpoints: int = KEEP  # the newest N step checkpoints are kept
     # stop GRPO once rollouts generated this many tokens, all roles (equal-budget baselines); null: no limit
@@ -129,7 +132,7 @@ class TrainSettings(UpdateSettings):
         super().__post_init__()
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"train.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        for name in ("steps", "eval_limit"):
+        for name in ("steps", "eval_limit", "drift_turns"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         for name in (

@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 from memory.embedders import SentenceEmbedder
 from memory.settings import open_memory
 from memory.types import Memory
+from meta_agent.env.rollout import env_tools
 from meta_agent.episode.chat import ChatFormat
 from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.errors import BadData, MissingFile, SettingError
@@ -141,7 +142,14 @@ def check_tools(cfg: Config) -> str | None:
             raise SettingError(
                 f"roles.{role.name}.tools names {unknown}, not registered; known: {', '.join(TOOL_NAMES)}"
             )
-    if not any("python" in role.tools for role in cfg.role_list):
+    # the tools an env of train.env runs from the run's registry are the run's too (meta_agent.env.rollout)
+    by_env = env_tools(cfg.train.env, cfg.train.env_args, TOOL_NAMES) if cfg.train.env else ()
+    unknown = [t for t in by_env if t not in TOOL_NAMES]
+    if unknown:
+        raise SettingError(
+            f"train.env_args.tools names {unknown}, not registered; known: {', '.join(TOOL_NAMES)}"
+        )
+    if not any("python" in role.tools for role in cfg.role_list) and "python" not in by_env:
         return None
     limits = cfg.tools.sandbox
     if repr(limits) not in _SANDBOXES_CHECKED:

@@ -35,9 +35,17 @@ ISOLATION_LEVELS = ("namespaces", "landlock")
 # Output past this is a flood: the program is stopped. Below it a chatty program may finish; the
 # agent still sees at most max_output_chars of it.
 FLOOD_BYTES = 1 << 20
+ISOLATION_FAILED = 125  # sandbox_child's exit status for a step of its own that failed
 # How long past the deadline the supervisor may take to stop everything before it is killed itself.
 BACKSTOP_S = 5.0
 MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+# What a program that ran out of descriptors or processes says last, and what the agent is told.
+EXHAUSTION = {
+    "Too many open files": "[open files limit: more than {max_open_files} files open at once]",
+    "can't start new thread": "[process limit: more than {max_processes} processes and threads at once]",
+    "Resource temporarily unavailable": "[process limit: more than {max_processes} processes and threads "
+    "at once]",
+}
 ADVICE = {
     "namespaces": (
         "allow namespaces (as root, or user namespaces for others: sysctl user.max_user_namespaces > 0; "
@@ -192,6 +200,8 @@ class PythonSandbox:
             return self._finish(text, note, FAILED, force_truncated=True)
         if status == "timeout":
             note = f"[timed out: still running after {self.limits.timeout_s:g} s, stopped]"
+            if any(marker in _last_lines(text) for marker in MEMORY_MARKERS):  # stuck where memory ran out
+                note = f"[memory limit: more than {self.limits.memory_mb} MB; then stuck, stopped]"
             return self._finish(text, note, TIMEOUT)
         if status.startswith("isolation "):
             note = f"[sandbox: cannot isolate at level {self.limits.isolation} ({status[10:]}); not run]"
@@ -212,6 +222,17 @@ class PythonSandbox:
             return self._finish(text, "", None)
         if rc < 0:
             return self._finish(text, f"[killed by {signal.Signals(-rc).name}]", FAILED)
+        last = _last_lines(text)
+        for marker, note in EXHAUSTION.items():
+            if marker in last:
+                return self._finish(text, note.format(**vars(self.limits)), FAILED)
+        if rc == ISOLATION_FAILED and not text.strip():
+            note = (
+                f"[exit status {rc}: the program ended before it could say why; it may have used up its "
+                f"memory ({self.limits.memory_mb} MB), open files ({self.limits.max_open_files}) or "
+                f"processes ({self.limits.max_processes})]"
+            )
+            return self._finish(text, note, FAILED)
         return self._finish(text, f"[exit status {rc}]", FAILED)
 
     def _finish(self, text: str, note: str, error: str | None, force_truncated: bool = False) -> ToolResult:

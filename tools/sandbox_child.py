@@ -30,10 +30,13 @@ landlock: for machines that refuse namespaces (a container's default seccomp pro
   (and every signal below ABI 6).
 
 At both levels: resource limits (CPU seconds, address space, file size, open files, process count, no
-core dumps); root runs the program as a uid of its own for this call (so the process count is the
-call's alone), and a non-root user keeps its uid without capabilities; no new privileges; and python
-guards that turn a socket or a write outside scratch into a readable PermissionError (easy to bypass,
-the layers above are what hold).
+core dumps); root runs the program as a uid of its own for this call, real, effective and saved (so the
+process count is the call's alone, and no root-only file can be read; at the landlock level a prefix
+that only root may enter, an interpreter under /root, is reached through a descriptor opened before),
+and a non-root user keeps its uid without capabilities; no new privileges; and python guards that turn
+a socket or a write outside scratch into a readable PermissionError (easy to bypass, the layers above
+are what hold). Not bounded per call yet: the processes' memory together (each has `memory_bytes`), and
+at the landlock level the bytes written to scratch (each file has `file_bytes`).
 """
 
 import builtins
@@ -100,8 +103,6 @@ ALWAYS_REFUSED = ("socket", "ptrace", "process_vm_readv", "process_vm_writev", "
                   "umount2", "pivot_root", "chroot", "bpf", "perf_event_open", "userfaultfd",
                   "io_uring_setup", "keyctl", "add_key", "request_key")  # fmt: skip
 SIGNAL_CALLS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_send_signal")
-IDENTITY_CALLS = ("setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setfsuid",
-                  "setfsgid", "setgroups", "capset")  # fmt: skip
 # Landlock: filesystem rights by ABI version (1: 13 rights, 2: +REFER, 3: +TRUNCATE, 5: +IOCTL_DEV).
 LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
 LL_READ = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
@@ -321,6 +322,8 @@ def restrict_files(scratch: str, abi: int) -> None:
         os.close(fd)
         if added != 0:
             raise fail(f"landlock_add_rule {path}")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0) != 0:  # what an unprivileged user needs
+        raise fail("no_new_privs")
     if libc.syscall(446, ruleset, 0) != 0:
         raise fail("landlock_restrict_self")
     os.close(ruleset)
@@ -467,18 +470,16 @@ def drop_capabilities() -> None:
         raise fail("dropping capabilities")
 
 
-def become(owner: int | None, scratch: str, full: bool) -> None:
-    """Root becomes the call's own uid (`full`: real, effective and saved; else the real one only, so
-    the process count is the call's while files stay reachable); others lose their capabilities."""
+def become(owner: int | None) -> None:
+    """Root becomes the call's own uid (real, effective and saved: no way back, no capability left);
+    others lose their capabilities."""
     if owner is not None:
-        if full:
-            os.setgroups([])
-            os.setresgid(owner, owner, owner)
-            os.setresuid(owner, owner, owner)  # clears every capability, and no way back
-            # The uid change made /proc/self root-owned; the program may read its own entries.
-            libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0)
-        else:
-            os.setresuid(owner, 0, 0)
+        os.setgroups([])
+        os.setresgid(owner, owner, owner)
+        os.setresuid(owner, owner, owner)  # clears every capability, and no way back
+        # The uid change made /proc/self root-owned; the program may read its own entries (and reach
+        # the descriptors of reach_hidden).
+        libc.prctl(PR_SET_DUMPABLE, ctypes.c_ulong(1), 0, 0, 0)
     drop_capabilities()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0) != 0:  # setuid binaries stay harmless
         raise fail("no_new_privs")
@@ -497,20 +498,19 @@ def start_program(
     try:
         os.setpgid(0, 0)
         set_limits(limits, max_processes)
+        hidden: dict[str, int] = {}
         if landlock_abi is None:
-            become(owner, scratch, full=True)
+            become(owner)
         else:
-            full = owner is None or readable_by_others(os.path.dirname(os.__file__))
-            if owner is not None and full:
+            if owner is not None:
+                # The call's uid cannot enter a folder that only root may (an interpreter under /root):
+                # opened now, its part of the prefix is reached through the descriptor (see reach_hidden).
+                hidden = {f: os.open(f, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                          for f in interpreter_folders() if not readable_by_others(f)}  # fmt: skip
                 os.chown(scratch, owner, owner)
-            become(owner, scratch, full)
-            restrict_files(scratch, landlock_abi)
-            refused = (
-                ALWAYS_REFUSED
-                + (SIGNAL_CALLS if landlock_abi < 6 else ())
-                + (IDENTITY_CALLS if not full else ())
-            )
-            seccomp_deny(refused)
+            restrict_files(scratch, landlock_abi)  # before the uid changes: every rule's folder is found
+            become(owner)
+            seccomp_deny(ALWAYS_REFUSED + (SIGNAL_CALLS if landlock_abi < 6 else ()))
         os.chdir(scratch)
     except (IsolationError, OSError) as e:
         report(status_fd, f"isolation {e}")
@@ -519,8 +519,22 @@ def start_program(
     # A venv's python is a link the program may not see (and its pyvenv.cfg lies outside): the
     # interpreter itself is what a subprocess of the program can run.
     sys.executable = sys._base_executable = INTERPRETER
+    reach_hidden(hidden)
     install_guards(scratch)
     run_program(code)
+
+
+def reach_hidden(hidden: dict[str, int]) -> None:
+    """Imports from a folder the program's uid cannot enter go through its open descriptor: the
+    kernel follows /proc/self/fd/N to the folder without checking the folders above it, and Landlock
+    checks the folder itself, which it allows to be read."""
+    if not hidden:
+        return
+    for i, entry in enumerate(sys.path):
+        for folder, fd in hidden.items():
+            if entry == folder or entry.startswith(folder + "/"):
+                sys.path[i] = f"/proc/self/fd/{fd}" + entry[len(folder) :]
+    sys.path_importer_cache.clear()
 
 
 def supervise(level: str, scratch: str, limits: dict[str, int], code: str, status_fd: int) -> None:
@@ -648,16 +662,7 @@ def run_program(code: str) -> None:
         else:
             status = e.code or 0
     except BaseException as e:
-        import linecache  # only on failure: both pull in modules a passing program does not need
-        import traceback
-
-        linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")
-        summary = traceback.TracebackException(type(e), e, e.__traceback__)
-        # The model should see its own frames, not this file's (run_program, the guards).
-        summary.stack = traceback.StackSummary.from_list(
-            [frame for frame in summary.stack if frame.filename != __file__]
-        )
-        print("".join(summary.format()), end="", file=sys.stderr)
+        report_error(e, code, main)
         status = 1
     for stream in (sys.stdout, sys.stderr):
         try:  # noqa: SIM105 - contextlib would cost every call an import
@@ -665,6 +670,36 @@ def run_program(code: str) -> None:
         except (OSError, ValueError):
             pass  # the program closed it
     os._exit(status & 0xFF)
+
+
+def report_error(error: BaseException, code: str, main: object) -> None:
+    """Prints the program's traceback without this file's frames. A program that exhausted what its
+    limits allow (memory, open files) may leave too little to import and format one: what it holds is
+    let go and it is tried again, and at worst the exception's one line is written as it is."""
+    for attempt in range(2):
+        try:
+            import linecache  # only on failure: both pull in modules a passing program does not need
+            import traceback
+
+            linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")
+            summary = traceback.TracebackException(type(error), error, error.__traceback__)
+            # The model should see its own frames, not this file's (run_program, the guards).
+            summary.stack = traceback.StackSummary.from_list(
+                [frame for frame in summary.stack if frame.filename != __file__]
+            )
+            print("".join(summary.format()), end="", file=sys.stderr)
+            return
+        except BaseException:
+            if attempt == 0:
+                vars(main).clear()  # the program's files and memory, held by its globals
+    try:
+        line = f"{type(error).__name__}: {error}"
+    except BaseException:
+        line = type(error).__name__
+    try:  # noqa: SIM105 - contextlib would cost every call an import
+        os.write(2, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def main() -> None:

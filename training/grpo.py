@@ -21,6 +21,7 @@ Tests with hand-worked numbers: `pytest tests/training/test_grpo.py`.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -36,7 +37,8 @@ FLAT = 1e-6  # rewards within this of each other count as equal: the group has n
 GAE = "gae"
 # grpo.reflection_credit: the keys of meta_agent.learning.credit.REFLECTION_CREDITS, named again here
 # because training/ may not import meta_agent (tests/meta_agent/test_registries.py keeps the two equal)
-REFLECTION_CREDIT_NAMES = ("episode", "round", "none")
+REFLECTION_CREDIT_NAMES = ("episode", "round", "revision", "none")
+PENALTY_ONLY_RULES = ("unscaled", "scaled", "dropped")  # grpo.penalty_only_groups (outcome_advantages)
 SPREADS = ("reward", "outcome")  # what a group must vary in to be trained on (filter_zero_variance)
 KL_REFERENCES = ("base", "start")  # what grpo.beta's KL pulls toward
 
@@ -63,7 +65,13 @@ class GRPOSettings:
     # reflection its own: roles.rewards.round_reflection_reward, normalised among the task's reflections)
     # | none (not trained by GRPO: advantage 0, left out of the update; where a reflection can change no
     # answer, as in one round with the memory off, the episode's outcome is noise to it)
+    # | revision (Reflect-Retry-Reward: only reflections of a wrong round learn, 1 when their revision's
+    # round came out right, else 0, normalised among the task's reflections of that round)
     reflection_credit: str = "episode"
+    # groups whose episodes all ended right or all wrong, so that their rewards differ by penalties only:
+    # unscaled (reward minus the group's mean: a penalty moves the policy by its own size) | scaled (also
+    # divided by the group's std, as any group: a 0.2 penalty gets a full-size advantage) | dropped (0)
+    penalty_only_groups: str = "unscaled"
     filter_zero_variance: bool = True  # drop groups whose rewards are all equal: they carry no signal
     # which groups it drops: reward (its rewards all equal) | outcome (its episodes all right or all
     # wrong, however their penalties set their rewards apart: DAPO's dynamic-sampling criterion)
@@ -114,6 +122,10 @@ class GRPOSettings:
         if self.reflection_credit not in REFLECTION_CREDIT_NAMES:
             raise ValueError(
                 f"grpo.reflection_credit must be one of {REFLECTION_CREDIT_NAMES}, got {self.reflection_credit!r}"
+            )
+        if self.penalty_only_groups not in PENALTY_ONLY_RULES:
+            raise ValueError(
+                f"grpo.penalty_only_groups must be one of {PENALTY_ONLY_RULES}, got {self.penalty_only_groups!r}"
             )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(
@@ -248,6 +260,40 @@ def advantages(
     if kind not in ADVANTAGES:
         raise ValueError(f"advantage {kind!r} is not taken from rewards alone; one of {tuple(ADVANTAGES)}")
     return ADVANTAGES[kind](rewards, keys, scale=scale)
+
+
+def outcome_advantages(
+    rewards: Sequence[float],
+    keys: Sequence[tuple],
+    correct: Sequence[bool],
+    kind: str,
+    *,
+    scale: bool = True,
+    penalty_only: str = "unscaled",
+) -> list[float]:
+    """`advantages(rewards, keys, kind, scale)`, but in groups (rows of one key) whose rows are all
+    `correct` or all not, where only penalties set the rewards apart, as grpo.penalty_only_groups says:
+    "unscaled" takes those groups' advantages with scale=False, "dropped" sets them to 0, "scaled" keeps
+    them. outcome_advantages([1, 0.8, 0, 1], [a, a, b, b], [T, T, F, T], "grpo") -> [0.1, -0.1, -0.71, 0.71]
+    (group a is all right: its 0.2 apart is a penalty's, not blown up to +-1 by its std)."""
+    if penalty_only not in PENALTY_ONLY_RULES:
+        raise ValueError(f"penalty_only must be one of {PENALTY_ONLY_RULES}, got {penalty_only!r}")
+    out = advantages(rewards, keys, kind, scale=scale)
+    if penalty_only == "scaled":
+        return out
+    outcomes: dict[tuple, set[bool]] = defaultdict(set)
+    for key, c in zip(keys, correct, strict=True):
+        outcomes[key].add(bool(c))
+    flat = [i for i, key in enumerate(keys) if len(outcomes[key]) == 1]
+    if not flat:
+        return out
+    if penalty_only == "dropped":
+        redone = [0.0] * len(flat)
+    else:
+        redone = advantages([rewards[i] for i in flat], [keys[i] for i in flat], kind, scale=False)
+    for i, value in zip(flat, redone, strict=True):
+        out[i] = value
+    return out
 
 
 def trainable_turns(

@@ -176,6 +176,11 @@ class PolicyTrainer:
             rows = self._completion_logprobs(turns)
         return [replace(t, ref_logprobs=row) for t, row in zip(turns, rows, strict=True)]
 
+    def completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[float, ...]]:
+        """The per-token logprobs of each turn's completion under its role's adapter as it is now (no
+        gradient; 0 where the loss mask is 0), in the turns' order: what training.drift compares."""
+        return self._completion_logprobs(turns)
+
     def _completion_logprobs(self, turns: Sequence[Turn]) -> list[tuple[float, ...]]:
         """The per-token logprobs of each turn's completion, in the turns' order, under its role's adapter
         as it is now, at the role's temperature, 0 where its loss mask is 0; no gradient. Where turns begin

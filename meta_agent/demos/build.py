@@ -10,7 +10,8 @@ A `DemoScript` holds the text of every role turn. `play_demo` feeds it through `
 so prompts, tool results (mask 0) and rewards are exactly what a rollout produces, and raises
 `DemoError` when the protocol did not go as scripted. Arith scripts come from a task's canonical
 expression (one calculator call, or one call per operation); GSM8K scripts from the worked solution's
-`<<expr=result>>` calculator annotations.
+`<<expr=result>>` calculator annotations; Countdown scripts from a solution found by search. A new
+source is one DEMO_SOURCES entry.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import json
 import logging
 import math
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from meta_agent.demos.arith import (
@@ -30,6 +33,7 @@ from meta_agent.demos.arith import (
     distract_actions,
 )
 from meta_agent.demos.code import pyfunc_actions
+from meta_agent.demos.countdown import countdown_actions
 from meta_agent.demos.gsm8k import MAX_PLAN_STEPS, gsm8k_actions
 from meta_agent.demos.script import (
     GENERIC_PLAN,
@@ -79,7 +83,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("arith", "arith_distract", "arith_distract_check", "gsm8k", "pyfunc")
 TURN_FIELDS = (
     "role", "group", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "reward", "episode", "correct"
 )  # fmt: skip
@@ -203,6 +206,28 @@ def _act(episode: Episode, text: str) -> None:
 # ---- many demonstrations, on disk -------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DemoContext:
+    """What every demonstration builder (DEMO_SOURCES) is given besides the count."""
+
+    factory: EpisodeFactory
+    roles: Sequence[RoleSpec]
+    limits: Limits
+    seed: int
+    data_dir: Path | str | None
+
+    @property
+    def grammar(self):
+        return self.roles[0].grammar
+
+    @property
+    def can_revise(self) -> bool:
+        """Only a meta-thinker with a second round to give, reflecting on one executor's work, revises
+        (with a checker the first round's answer would be right); otherwise every demonstration accepts."""
+        one = meta_thinker(self.roles) is not None and len(executors(self.roles)) == 1
+        return one and self.limits.max_rounds >= 2
+
+
 def make_demos(
     name: str,
     n: int,
@@ -215,16 +240,10 @@ def make_demos(
     data_dir: Path | str | None = None,
     internal: InternalMemory | None = None,
 ) -> list[Episode]:
-    """`n` finished demonstration episodes from the train split of `name` (one of SOURCES).
-
-    arith: problems of 2-4 operations in turn, each in a style drawn from `seed`. arith_distract: as
-    distract_actions writes them; arith_distract_check: the same, each reflection written as one check
-    whatever its verdict (distract_actions' `check`). gsm8k: rows in
-    file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit `limits`
-    are skipped, so fewer than `n` come back only when the file runs out. `internal`: what the
-    meta-thinker carries between reflections (meta_agent.episode.internal_memory); its reflections are written so.
-    """
-    if name not in SOURCES:
+    """`n` finished demonstration episodes from the train split of `name` (one of SOURCES, built by its
+    DEMO_SOURCES entry). `internal`: what the meta-thinker carries between reflections
+    (meta_agent.episode.internal_memory); its reflections are written so."""
+    if name not in DEMO_SOURCES:
         raise SettingError(
             f"sft.source={name} is neither a demonstration generator {SOURCES} nor a .jsonl file of "
             "demonstrations (write one with `meta-agent demos sft.source=arith demos_out=FILE.jsonl`)"
@@ -232,43 +251,67 @@ def make_demos(
     if n < 0:
         raise ValueError(f"need n >= 0 demonstrations, got {n}")
     limits = limits or Limits()
-    grammar = roles[0].grammar
     factory = EpisodeFactory(roles, chat, registry, grade_task, limits, internal=internal)
-    if name == "arith":
-        per = math.ceil(n / len(ARITH_STEPS))
-        batches = [make_arith_tasks("train", per, seed=seed, steps=s) for s in ARITH_STEPS]
-        tasks = [t for group in zip(*batches, strict=True) for t in group][:n]
-        return [play_demo(arith_actions(t, seed=seed, grammar=grammar), t, factory) for t in tasks]
-    if name.startswith("arith_distract"):  # REVISE_SHARE caught and revised, where a meta-thinker reflects
-        tasks = load_tasks("arith_distract", "train", limit=n, seed=seed)
-        # Only a meta-thinker with a second round to give, reflecting on one executor's work, revises
-        # (with a checker the first round's answer would be right); otherwise every demonstration accepts.
-        one = meta_thinker(roles) is not None and len(executors(roles)) == 1
-        revise = None if one and limits.max_rounds >= 2 else False
-        return [
-            play_demo(
-                distract_actions(t, seed=seed, grammar=grammar, revise=revise, check=name.endswith("_check")),
-                t,
-                factory,
-            )
-            for t in tasks
-        ]
-    if name == "pyfunc":  # REVISE_SHARE with a wrong constant caught, as for arith_distract
-        tasks = load_tasks("pyfunc", "train", limit=n, seed=seed)
-        one = meta_thinker(roles) is not None and len(executors(roles)) == 1
-        revise = None if one and limits.max_rounds >= 2 else False
-        return [play_demo(pyfunc_actions(t, seed, grammar, revise), t, factory) for t in tasks]
+    return DEMO_SOURCES[name](n, DemoContext(factory, roles, limits, seed, data_dir))
+
+
+def arith_demos(n: int, ctx: DemoContext) -> list[Episode]:
+    """Problems of 2-4 operations in turn, each in a style drawn from the seed."""
+    per = math.ceil(n / len(ARITH_STEPS))
+    batches = [make_arith_tasks("train", per, seed=ctx.seed, steps=s) for s in ARITH_STEPS]
+    tasks = [t for group in zip(*batches, strict=True) for t in group][:n]
+    return [play_demo(arith_actions(t, seed=ctx.seed, grammar=ctx.grammar), t, ctx.factory) for t in tasks]
+
+
+def distract_demos(n: int, ctx: DemoContext, check: bool = False) -> list[Episode]:
+    """As distract_actions writes them, REVISE_SHARE caught and revised where a meta-thinker can revise;
+    `check` (arith_distract_check): each reflection written as one check whatever its verdict."""
+    tasks = load_tasks("arith_distract", "train", limit=n, seed=ctx.seed)
+    revise = None if ctx.can_revise else False
+    return [
+        play_demo(
+            distract_actions(t, seed=ctx.seed, grammar=ctx.grammar, revise=revise, check=check),
+            t,
+            ctx.factory,
+        )
+        for t in tasks
+    ]
+
+
+def pyfunc_demos(n: int, ctx: DemoContext) -> list[Episode]:
+    """REVISE_SHARE with a wrong constant caught, as for arith_distract."""
+    tasks = load_tasks("pyfunc", "train", limit=n, seed=ctx.seed)
+    revise = None if ctx.can_revise else False
+    return [play_demo(pyfunc_actions(t, ctx.seed, ctx.grammar, revise), t, ctx.factory) for t in tasks]
+
+
+def countdown_demos(n: int, ctx: DemoContext) -> list[Episode]:
+    """Generated Countdown problems, half of them a first round that misses, caught and revised where a
+    meta-thinker can revise, or retried by a lone executor after the check's miss (demos.countdown)."""
+    tasks = load_tasks("countdown", "train", limit=n, seed=ctx.seed, data_dir=ctx.data_dir)
+    # A lone executor with the attempt check retries after a miss (Episode._retries): it is shown the same.
+    alone = meta_thinker(ctx.roles) is None and ctx.limits.attempt_check and ctx.limits.max_rounds >= 2
+    revise = None if ctx.can_revise or alone else False
+    return [
+        play_demo(countdown_actions(t, seed=ctx.seed, grammar=ctx.grammar, revise=revise), t, ctx.factory)
+        for t in tasks
+    ]
+
+
+def gsm8k_demos(n: int, ctx: DemoContext) -> list[Episode]:
+    """Rows in file order; rows whose solution cannot be scripted (see gsm8k_actions) or does not fit the
+    limits are skipped, so fewer than `n` come back only when the file runs out."""
     episodes: list[Episode] = []
     skipped = 0
-    for task in load_tasks("gsm8k", "train", data_dir=data_dir):
+    for task in load_tasks("gsm8k", "train", data_dir=ctx.data_dir):
         if len(episodes) >= n:
             break
-        script = gsm8k_actions(task, max_calls=limits.max_tool_calls, grammar=grammar)
+        script = gsm8k_actions(task, max_calls=ctx.limits.max_tool_calls, grammar=ctx.grammar)
         if script is None:
             skipped += 1
             continue
         try:
-            episodes.append(play_demo(script, task, factory))
+            episodes.append(play_demo(script, task, ctx.factory))
         except DemoError as e:  # a row the limits cannot hold (token budget, turns)
             log.debug("skipping %s", e)
             skipped += 1
@@ -276,6 +319,18 @@ def make_demos(
     if len(episodes) < n:
         log.warning("only %d of %d gsm8k demonstrations: the train file ran out", len(episodes), n)
     return episodes
+
+
+# sft.source: name -> builder of `n` finished demonstration episodes of that task family's train split.
+DEMO_SOURCES: dict[str, Callable[[int, DemoContext], list[Episode]]] = {
+    "arith": arith_demos,
+    "arith_distract": distract_demos,
+    "arith_distract_check": partial(distract_demos, check=True),
+    "countdown": countdown_demos,
+    "gsm8k": gsm8k_demos,
+    "pyfunc": pyfunc_demos,
+}
+SOURCES = tuple(DEMO_SOURCES)
 
 
 def write_demos(episodes: Sequence[Episode], path: Path | str) -> Path:

@@ -19,6 +19,7 @@ reflector between attempts, if wanted): an env of more than one step that the tr
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -28,7 +29,14 @@ import numpy as np
 from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
-from meta_agent.episode.prompts import PREVIOUS_HEADER, REFLECTION_HEADER, Markers, neutralise, tail
+from meta_agent.episode.chat import special_tokens as tokenizer_special_tokens
+from meta_agent.episode.prompts import (
+    PREVIOUS_HEADER,
+    REFLECTION_HEADER,
+    environment_markers,
+    neutralise,
+    tail,
+)
 from meta_agent.episode.protocol import Episode, run_call
 from meta_agent.episode.reward import score
 from meta_agent.episode.runner import EpisodeFactory
@@ -37,6 +45,7 @@ from roles import Grammar, meta_thinker, parse_executor
 from roles import executors as executor_specs
 from tools import build_registry
 from tools.registry import ToolRegistry
+from training.model_files import ModelConfig, load_tokenizer
 
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 4_000
@@ -245,12 +254,24 @@ class ParallelExecutorsEnv(ParallelEnv):
 
 
 MAX_REFLECTION_CHARS = 1_000  # a reflection as the solver's next attempt shows it
-# the blocks FeedbackEnv lays out as the hierarchy's episode does, so roles warm-started on its
-# demonstrations read them as they learnt to (meta_agent.episode.prompts). Model text that writes one of the
-# episode's own headers, or a tool-result tag, is refused as the episode refuses it; the others are
-# quoted where they start a line, and the action stands.
-REFUSED_HEADERS = (PREVIOUS_HEADER, REFLECTION_HEADER)
-QUOTED_HEADERS = ("Question:", "The executor's work:", "Its final answer:", "[executor]")
+# the framing lines FeedbackEnv lays out as the hierarchy's episode does, so roles warm-started on its
+# demonstrations read them as they learnt to (meta_agent.episode.prompts), and its agents' `[role]`
+# headers. Model text that writes one of them at the start of a line, a tool-result tag or a chat special
+# token is quoted, counted and refused, as the hierarchy's episode refuses it.
+FRAMING_HEADERS = (
+    PREVIOUS_HEADER,
+    REFLECTION_HEADER,
+    "Question:",
+    "The executor's work:",
+    "Its final answer:",
+)
+
+
+@functools.cache
+def default_special_tokens() -> tuple[str, ...]:
+    """The special tokens of the default backbone's tokenizer (model.path unset): what FeedbackEnv quotes
+    when it is played directly, without a run to say which tokenizer reads its observations."""
+    return tokenizer_special_tokens(load_tokenizer(ModelConfig()))
 
 
 @dataclass
@@ -307,6 +328,7 @@ class FeedbackEnv(AECEnv):
         attempt_cost: float = 0.1,
         task: str = "arith",
         registry: ToolRegistry | None = None,
+        special_tokens: Sequence[str] | None = None,
     ):
         super().__init__()
         if attempts < 1:
@@ -325,9 +347,10 @@ class FeedbackEnv(AECEnv):
             raise ValueError(f"FeedbackEnv's tools {missing} are not in its registry")
         self.grammar = Grammar()
         # what only the env writes into an observation: model text (actions, and tool output echoing
-        # it) has these quoted, so it cannot close a tool result or start a block of its own
-        self._refused = Markers(self.grammar.tool_result, REFUSED_HEADERS)
-        self._quoted = Markers((), QUOTED_HEADERS)
+        # it) has these quoted, so it cannot close a tool result, open a chat turn or start a block
+        specials = default_special_tokens() if special_tokens is None else tuple(special_tokens)
+        roles = [solver] + ([reflector] if reflector else [])
+        self._markers = environment_markers([self.grammar], roles, specials, FRAMING_HEADERS)
         self.possible_agents = [solver] + ([reflector] if reflector else [])
         self.observation_spaces = {a: TextSpace(MAX_OBSERVATION_CHARS) for a in self.possible_agents}
         self.action_spaces = {a: TextSpace(MAX_ACTION_CHARS) for a in self.possible_agents}
@@ -415,15 +438,14 @@ class FeedbackEnv(AECEnv):
             )
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
-        action, forged = neutralise(action, self._refused)
-        action, _ = neutralise(action, self._quoted)
+        action, forged = neutralise(action, self._markers)
         self.forged += forged
         if agent == self.reflector:
             body = action.split(self.grammar.reflection[0])[-1].split(self.grammar.reflection[1])[0]
             self.history[-2].reflection = " ".join(body.split())[:MAX_REFLECTION_CHARS] or None
             self.agent_selection = self.solver
         else:
-            self._solver_step(action, forged > 0)
+            forged += self._solver_step(action, forged > 0)
         # what this action did, for the trainer's counts (meta_agent.env.rollout); the last one stays
         self.infos[agent] = self.infos[agent] | {"forged": forged} | self._counts()
         self._accumulate_rewards()
@@ -431,10 +453,11 @@ class FeedbackEnv(AECEnv):
     def _counts(self) -> dict[str, int]:
         return {"tool_calls": self.tool_calls, "tool_errors": self.tool_errors, "forged_total": self.forged}
 
-    def _solver_step(self, action: str, forged: bool) -> None:
+    def _solver_step(self, action: str, forged: bool) -> int:
         """A tool call (run, its result shown next) or an answer (graded). An action that wrote a marker
         only the env writes is refused, as the hierarchy's episode refuses it: no call runs, and it is an
-        attempt with no answer."""
+        attempt with no answer. Returns the markers the tool's output echoed (quoted and counted, as the
+        hierarchy's episode counts them against the turn)."""
         attempt = self.history[-1]
         stripped = action.rstrip()
         step = parse_executor(stripped, self.grammar, final=not stripped.endswith(self.grammar.tool_call[1]))
@@ -449,9 +472,10 @@ class FeedbackEnv(AECEnv):
                 result = run_call(self.registry, self.tools, step.tool_call)[1]
                 output, ok = result.output, result.ok
             self.tool_errors += not ok
-            output = neutralise(neutralise(output, self._refused)[0], self._quoted)[0]
+            output, echoed = neutralise(output, self._markers)
+            self.forged += echoed
             attempt.work += self.grammar.wrap_tool_result(output)
-            return
+            return echoed
         attempt.work += stripped
         attempt.answer = "" if forged else step.answer or ""
         attempt.correct = bool(attempt.answer) and grade_task(attempt.answer, self.task)
@@ -467,9 +491,10 @@ class FeedbackEnv(AECEnv):
                     "correct": attempt.correct,
                     "attempts": len(self.history),
                 } | self._counts()
-            return
+            return 0
         self.history.append(Attempt())
         self.agent_selection = self.reflector or self.solver
+        return 0
 
     def close(self) -> None:
         self.task = None

@@ -4,7 +4,8 @@
     meta-agent train train.env=my_package.my_env:make +train.env_args.level=2   # a researcher's own
 
 `train.env` names an env (`ENVS`) or a `module:callable` returning a PettingZoo `AECEnv` or `ParallelEnv`
-(called with `train.env_args`; a ParallelEnv is turned into an AECEnv). Each agent must be the name of a
+(called with `train.env_args`, and with the run's tool registry and its tokenizer's special tokens where
+it takes `registry` or `special_tokens`; a ParallelEnv is turned into an AECEnv). Each agent must be the name of a
 role of the config: its requests run on that role's adapter with its sampling. A GRPO step resets G envs
 of each task with one seed (`options={"task": the Task}`: an env that needs no task ignores it), so the
 G rollouts of a seed are a group. Each action is one turn of its role. Its prompt: the env's
@@ -62,12 +63,17 @@ def check_env_settings(algorithm: str, reflection_credit: str) -> None:
         )
 
 
-def env_maker(spec: str, args: Mapping[str, Any]) -> Callable[[], AECEnv]:
-    """A function making a fresh AECEnv as `train.env=spec` and `train.env_args=args` say; a bad name, a
-    callable that is not there or arguments it does not take are one SettingError line each."""
+# What the run hands an env callable that takes it (env_maker's `provided`): the run's tool registry, built
+# from `tools:` and checked at start-up, and the special tokens of the run's tokenizer.
+PROVIDED = ("registry", "special_tokens")
+
+
+def env_callable(spec: str) -> Callable[..., Any]:
+    """What `train.env=spec` names: a built-in env (ENVS) or a module's callable; one SettingError line if
+    it is neither."""
     if spec in ENVS:
-        make = ENVS[spec]
-    elif ":" in spec:
+        return ENVS[spec]
+    if ":" in spec:
         module, _, name = spec.partition(":")
         try:
             make = getattr(importlib.import_module(module), name)
@@ -75,17 +81,52 @@ def env_maker(spec: str, args: Mapping[str, Any]) -> Callable[[], AECEnv]:
             raise SettingError(f"train.env={spec}: cannot load {name!r} from {module!r} ({e})") from None
         if not callable(make):
             raise SettingError(f"train.env={spec}: {name!r} is not callable; name a class or function")
-    else:
-        raise SettingError(f"train.env={spec}: neither a built-in env {sorted(ENVS)} nor module:callable")
+        return make
+    raise SettingError(f"train.env={spec}: neither a built-in env {sorted(ENVS)} nor module:callable")
+
+
+def env_tools(spec: str, args: Mapping[str, Any], known: Sequence[str]) -> tuple[str, ...]:
+    """Which of the run's tools (`known`) an env of `train.env=spec` may run, for the start-up check: the
+    `tools` argument of a callable that takes the run's registry (its default where env_args sets none),
+    every known tool where it takes the registry and no `tools`, none where it takes no registry."""
     try:
+        parameters = inspect.signature(env_callable(spec)).parameters
+    except ValueError:
+        return ()
+    if "registry" not in parameters:
+        return ()
+    if "tools" not in parameters:
+        return tuple(known)
+    tools = args.get("tools", parameters["tools"].default)
+    return tuple(tools) if isinstance(tools, list | tuple) else tuple(known)
+
+
+def env_maker(
+    spec: str, args: Mapping[str, Any], provided: Mapping[str, Any] | None = None
+) -> Callable[[], AECEnv]:
+    """A function making a fresh AECEnv as `train.env=spec` and `train.env_args=args` say; a bad name, a
+    callable that is not there or arguments it does not take are one SettingError line each. `provided`
+    (names in PROVIDED): the run's own, passed to a callable whose signature takes that name; an
+    env_args entry naming one is refused, so no env runs tools with other limits than the run's."""
+    make = env_callable(spec)
+    provided = dict(provided or {})
+    clash = sorted(set(args) & set(PROVIDED))
+    if clash:
+        raise SettingError(
+            f"train.env_args.{clash[0]}: the run provides it (its `tools:` settings, its tokenizer); "
+            "remove it from train.env_args"
+        )
+    try:
+        parameters = inspect.signature(make).parameters
         inspect.signature(make).bind(**args)
     except TypeError as e:
         raise SettingError(f"train.env_args: {spec} does not take them ({e})") from None
     except ValueError:  # no signature to read (a builtin): the call below says what is wrong
-        pass
+        parameters = {}
+    given = {name: value for name, value in provided.items() if name in parameters}
 
     def build() -> AECEnv:
-        env = make(**args)
+        env = make(**args, **given)
         if isinstance(env, ParallelEnv):
             env = parallel_to_aec(env)
         if not isinstance(env, AECEnv):
@@ -116,9 +157,8 @@ class EnvEpisode(PlayedEpisode):
         self.registry = factory.registry
         self.limits: Limits = factory.limits
         self.adapters = {name: name for name in self.roles}
-        specials = getattr(self.chat.tokenizer, "all_special_tokens", ())
         # Observations may echo model text: no chat special token in one may open a turn of its own.
-        self._markers = Markers(tuple(sorted({t for t in specials if t}, key=len, reverse=True)), ())
+        self._markers = Markers(self.chat.special_tokens, ())
         self._hooks = getattr(env, "unwrapped", env)
         # What Episode has and an env episode has not: no meta-thinker rounds, memories or lessons.
         self.meta = None
@@ -158,14 +198,16 @@ class EnvEpisode(PlayedEpisode):
         turn.completion_ids = list(token_ids)
         turn.mask = [1] * len(token_ids)
         turn.logprobs = list(logprobs) if logprobs else [0.0] * len(token_ids)
-        turn.text, turn.forged = neutralise(text, self._markers)  # what the env is given, too
+        turn.text, forged = neutralise(text, self._markers)
         # ended where the env's stops end an action (without stops: at end of text, not cut by a limit)
         ended = ("stop",) if getattr(self._hooks, "stops", None) else ("stop", "eos")
         self._tokens_used += len(token_ids)
-        self.env.step(turn.text)
+        # The env is given the action as written: it judges what in it imitates its own markers, and
+        # refuses that as it sees fit (FeedbackEnv does, as the hierarchy's episode does, and reports
+        # `forged`, the chat special tokens among them when it was given them: see env_maker).
+        self.env.step(text)
         self._collect()
-        # an env may report what in the action imitated its own markers (FeedbackEnv does: `forged`)
-        turn.forged += int(self.env.infos.get(turn.role, {}).get("forged", 0))
+        turn.forged = max(forged, int(self.env.infos.get(turn.role, {}).get("forged", 0)))
         turn.format_ok = finish_reason in ended and not turn.forged
         spent = self._tokens_used >= self.limits.max_new_tokens or len(self.turns) >= self.limits.max_turns
         env = self.env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,12 @@ class ChatFormat:
             )
         self.tokenizer = tokenizer
 
+    @functools.cached_property
+    def special_tokens(self) -> tuple[str, ...]:
+        """Every special token the tokenizer knows: `all_special_tokens` and each added token marked
+        special (SmolLM2's lists 3 of its 17 in all_special_tokens; the others still encode as one id)."""
+        return special_tokens(self.tokenizer)
+
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -37,3 +44,11 @@ class ChatFormat:
     def decode_raw(self, ids: Sequence[int]) -> str:
         """With special tokens: what the model actually sees, for observations."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def special_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The special tokens of `tokenizer` (see ChatFormat.special_tokens), longest first."""
+    found = set(getattr(tokenizer, "all_special_tokens", ()))
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    found |= {str(token) for token in added.values() if getattr(token, "special", False)}
+    return tuple(sorted((t for t in found if t), key=lambda t: (-len(t), t)))

@@ -16,8 +16,10 @@ from memory.types import MemoryHit
 from meta_agent.episode.chat import ChatFormat
 from meta_agent.episode.internal_memory import CARRIED_LIMIT, InternalMemory, Truncate
 from meta_agent.episode.prompts import (
+    ATTEMPT_HEADER,
     CHECK_HEADER,
     NOTES_HEADER,
+    PLAN_HEADER,
     environment_markers,
     memory_block,
     neutralise,
@@ -25,6 +27,7 @@ from meta_agent.episode.prompts import (
     number_check,
     previous_block,
     tail,
+    template_headers,
     valid_text,
     without_notes,
     without_plans,
@@ -41,7 +44,10 @@ from meta_agent.episode.records import (
     ToolCall,
     TurnRecord,
 )
+from meta_agent.errors import SettingError
 from meta_agent.tasks import Task
+from meta_agent.tasks.countdown import GRADER as COUNTDOWN_GRADER
+from meta_agent.tasks.countdown import describe_attempt, read_gold
 from roles import (
     ACCEPT,
     META_THINKER,
@@ -126,14 +132,23 @@ class Episode(PlayedEpisode):
         self.grade = grade
         self.limits = limits or Limits()
         self.memories = list(memories)
-        self.final_reflection = final_reflection
+        self.final_reflection = final_reflection and self.limits.final_reflection
+        if self.limits.attempt_check and task.grader != COUNTDOWN_GRADER:
+            raise SettingError(
+                f"protocol.attempt_check checks Countdown answers, and {task.id} is graded {task.grader!r}: "
+                "set protocol.attempt_check=false for this task"
+            )
         self.show_plan = show_plan
         self.adapters = {r.name: r.name for r in roles} | dict(adapters or {})
         self.internal = internal or Truncate()
-        specials = getattr(chat.tokenizer, "all_special_tokens", ())
-        extra = (NOTES_HEADER,) if self.internal.carries else ()
+        # the framing lines of the roles' own prompts ("Question:", "Its final answer:") are markers too
+        extra = template_headers(t for r in roles for t in (r.user_template, r.reflect_template))
+        extra += (NOTES_HEADER,) if self.internal.carries else ()
         extra += (CHECK_HEADER,) if self.limits.number_check else ()
-        self._markers = environment_markers([r.grammar for r in roles], self.roles, specials, extra)
+        extra += (ATTEMPT_HEADER,) if self.limits.attempt_check else ()
+        self._markers = environment_markers(
+            [r.grammar for r in roles], self.roles, chat.special_tokens, extra
+        )
         self.turns: list[TurnRecord] = []
         self.rounds: list[RoundRecord] = []  # each round graded as its executors finish
         self.round = 0
@@ -276,7 +291,11 @@ class Episode(PlayedEpisode):
     def _after_turn(self, out_of_budget: bool) -> None:
         turn = self.turns[-1]
         last = turn.kind == EXECUTE and self._executor_index + 1 >= len(self.executors) and self.meta is None
-        if last and not out_of_budget:
+        if last and not out_of_budget and self._retries():
+            self.round += 1
+            self._executor_index = 0
+            self._start_turn(EXECUTE)
+        elif last and not out_of_budget:
             # The protocol's natural end (single agent): max_turns cut nothing short.
             self._finish(truncated=False)
         elif out_of_budget or len(self.turns) >= self.limits.max_turns:
@@ -293,6 +312,17 @@ class Episode(PlayedEpisode):
         else:
             self._finish(truncated=False)
 
+    def _retries(self) -> bool:
+        """A lone executor (no meta-thinker) with protocol.attempt_check gets the hierarchy's second
+        attempt when the check of its answer shows a miss and a round and a turn are left: the executor
+        alone given the same attempts and the same check, without a meta-thinker's judgement or plan."""
+        if not self.limits.attempt_check or self.round + 1 >= self.limits.max_rounds:
+            return False
+        if len(self.turns) >= self.limits.max_turns:
+            return False
+        self._grade_round()
+        return not self.rounds[-1].correct
+
     # ---- prompts -----------------------------------------------------------------------------
 
     def _start_turn(self, kind: str) -> None:
@@ -307,10 +337,16 @@ class Episode(PlayedEpisode):
             )
         elif kind == EXECUTE:
             shown = self.plan if self.show_plan else None
-            plan = f"Plan from the meta-thinker:\n{shown}\n\n" if shown else ""
+            plan = f"{PLAN_HEADER}\n{shown}\n\n" if shown else ""
             last = self._round_turns(self.round - 1) if self.round > 0 else []
-            reflection = next((self._shown_text(t) for t in reversed(self.turns) if t.kind == REFLECT), "")
-            previous = previous_block(self._round_turns(self.round), last, reflection)
+            if self.meta is None and self.round > 0:  # a lone executor's retry reads the check of its miss
+                check = describe_attempt(self.rounds[-1].answer, *read_gold(self.task.answer))
+                previous = previous_block(self._round_turns(self.round), last, check, header=ATTEMPT_HEADER)
+            else:
+                reflection = next(
+                    (self._shown_text(t) for t in reversed(self.turns) if t.kind == REFLECT), ""
+                )
+                previous = previous_block(self._round_turns(self.round), last, reflection)
             user = role.user_text(self.task.question, memories=memories, plan=plan, previous=previous)
             messages.append({"role": "user", "content": user})
         else:
@@ -334,6 +370,9 @@ class Episode(PlayedEpisode):
                 calls = [c.arguments for t in self._round_turns(self.round) for c in t.tool_calls]
                 found = number_check(self.task.question, self.plan, calls)
                 asked = f"{CHECK_HEADER}\n{found}\n\n{asked}"
+            if self.limits.attempt_check:
+                found = describe_attempt(self._round_answer(), *read_gold(self.task.answer))
+                asked = f"{ATTEMPT_HEADER}\n{neutralise(found, self._markers)[0]}\n\n{asked}"
             messages.append({"role": "user", "content": carried + asked})
         self.turns.append(
             TurnRecord(role=role.name, kind=kind, round=self.round, prompt_ids=self.chat.prompt(messages))

@@ -23,6 +23,12 @@ class Limits:
     # the reflection's prompt shows each number of the question that the plan or the work's tool calls
     # lack, with its sentence (meta_agent.episode.prompts.number_check): found by code, judged by the meta-thinker
     number_check: bool = False
+    # the last round's reflection is played: it cannot change the answer, only write a lesson, so it is on
+    # only where lessons are kept (a turn that cannot change the outcome gets no gradient and costs tokens)
+    final_reflection: bool = True
+    # the reflection's prompt shows the calculator's check of the round's answer against the task (Countdown:
+    # its value against the target, numbers missing or repeated; tasks.countdown.describe_attempt)
+    attempt_check: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_rounds", "max_turns", "max_new_tokens", "max_tool_calls"):

@@ -10,7 +10,8 @@ episode (plan and reflection) counts once in its group's statistics, and all its
 except the meta-thinker's reflections as REFLECTION_CREDITS[grpo.reflection_credit] sets them: under
 "round" each is credited with what it did (roles.rewards.round_reflection_reward), normalised among the
 reflections of the same task and round; under "none" they get 0 and `training_turns(episodes,
-reflections=False)` leaves them out of the update. The baselines are training.grpo.ADVANTAGES (grpo, rloo,
+reflections=False)` leaves them out of the update; under "revision" (Reflect-Retry-Reward) only reflections
+of a wrong round learn, from whether their revision came out right. The baselines are training.grpo.ADVANTAGES (grpo, rloo,
 reinforce_pp). With grpo.advantage=gae each turn gets its own advantage against the value heads instead
 (assign_gae, training.value):
 
@@ -25,8 +26,8 @@ from collections.abc import Callable, Sequence
 
 from meta_agent.episode.protocol import Episode
 from meta_agent.episode.records import REFLECT, TurnRecord
-from roles import META_THINKER, round_reflection_reward
-from training.grpo import advantages, batch_advantages
+from roles import META_THINKER, REVISE, round_reflection_reward
+from training.grpo import advantages, batch_advantages, outcome_advantages
 from training.types import Turn
 from training.value import turn_gae
 
@@ -37,19 +38,27 @@ def credited_roles(episode: Episode) -> list[str]:
 
 
 def assign_advantages(
-    episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo", reflection_credit: str = "episode"
+    episodes: Sequence[Episode],
+    *,
+    scale: bool = True,
+    kind: str = "grpo",
+    reflection_credit: str = "episode",
+    penalty_only: str = "unscaled",
 ) -> None:
     """Set `advantage` on every turn record of the finished, scored `episodes`. grpo: its role's reward in
     that episode minus the mean over the group's episodes (the same role on the same task), divided by the
-    group's std when `scale`; groups whose rewards are all equal get 0. Any other `kind`: its entry of
-    training.grpo.ADVANTAGES. Then the meta-thinker's reflect turns as REFLECTION_CREDITS[reflection_credit]
-    says."""
+    group's std when `scale`; groups whose rewards are all equal get 0, and groups whose episodes all
+    ended alike (right or wrong) as `penalty_only` says (training.grpo.outcome_advantages). Any other
+    `kind`: its entry of training.grpo.ADVANTAGES. Then the meta-thinker's reflect turns as
+    REFLECTION_CREDITS[reflection_credit] says."""
     if reflection_credit not in REFLECTION_CREDITS:
         raise ValueError(f"reflection credit {reflection_credit!r} is not one of {tuple(REFLECTION_CREDITS)}")
     rows = [(ep, role) for ep in episodes for role in credited_roles(ep)]
     rewards = [ep.rewards[role] for ep, role in rows]
     keys = [(role, ep.task.id) for ep, role in rows]
-    for (ep, role), advantage in zip(rows, advantages(rewards, keys, kind, scale=scale), strict=True):
+    correct = [ep.correct for ep, _ in rows]
+    gained = outcome_advantages(rewards, keys, correct, kind, scale=scale, penalty_only=penalty_only)
+    for (ep, role), advantage in zip(rows, gained, strict=True):
         for turn in ep.turns:
             if turn.role == role and turn.completion_ids:  # a turn with nothing generated trains nothing
                 turn.advantage = advantage
@@ -81,6 +90,30 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
         turn.advantage = advantage
 
 
+def revision_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
+    """Reflect-Retry-Reward: a reflection learns only from what its revision achieved. Reflections of a
+    round that came out wrong are credited 1 when they revised and the next round came out right, else 0
+    (accepted the miss, or revised into another miss), normalised among the reflections of the same role,
+    task and round; every other reflection (of a right round, or with no round after it) gets 0."""
+    rows, credits, keys = [], [], []
+    for ep in episodes:
+        for turn in ep.turns:
+            if not is_reflection(ep, turn) or not turn.completion_ids:
+                continue
+            turn.advantage = 0.0
+            k = turn.round
+            if k >= len(ep.rounds) or ep.rounds[k].correct:
+                continue  # it judged nothing, or judged a right answer: nothing to retry
+            if k + 1 >= ep.limits.max_rounds:
+                continue  # no round after it: its verdict could not be carried out
+            fixed = ep.rounds[k].verdict == REVISE and k + 1 < len(ep.rounds) and ep.rounds[k + 1].correct
+            rows.append(turn)
+            credits.append(1.0 if fixed else 0.0)
+            keys.append((turn.role, ep.task.id, REFLECT, k))
+    for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
+        turn.advantage = advantage
+
+
 def episode_credit(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
     """Each reflection keeps its episode's advantage, as every turn of its role does."""
 
@@ -100,6 +133,7 @@ ReflectionCredit = Callable[..., None]
 REFLECTION_CREDITS: dict[str, ReflectionCredit] = {
     "episode": episode_credit,
     "round": round_advantages,
+    "revision": revision_advantages,
     "none": no_credit,
 }
 
@@ -115,21 +149,31 @@ def assign_gae(
     gained, returns = turn_gae(turns, values, gamma=gamma, lam=lam)
     if scale:
         gained = batch_advantages(gained, [t.role for t in turns])
-    records = [record for ep in episodes for record in ep.learned_turns]
+    records = [record for ep in episodes for record in ep.learned_turns if can_change_outcome(ep, record)]
     for record, advantage in zip(records, gained, strict=True):
         record.advantage = advantage
     return returns
 
 
-def training_turns(episodes: Sequence[Episode], *, reflections: bool = True) -> list[Turn]:
+def can_change_outcome(episode: Episode, turn: TurnRecord) -> bool:
+    """False for a reflection of the last round (no round left to carry a revision out): whatever it
+    writes, the answer stands, so it gets no gradient (training_turns leaves it out)."""
+    return not (is_reflection(episode, turn) and turn.round + 1 >= episode.limits.max_rounds)
+
+
+def training_turns(
+    episodes: Sequence[Episode], *, reflections: bool = True, last_reflections: bool = False
+) -> list[Turn]:
     """Every turn with a token to learn of the finished `episodes`, as the trainer's records, episode i
     numbered i (the numbers tie a role's turns of one episode together); without `reflections`, not the
-    meta-thinker's reflect turns (grpo.reflection_credit=none)."""
+    meta-thinker's reflect turns (grpo.reflection_credit=none); without `last_reflections` (GRPO), not
+    those that cannot change the outcome (can_change_outcome); SFT learns them from demonstrations."""
     return [
         turn
         for i, ep in enumerate(episodes)
         for record, turn in zip(ep.learned_turns, ep.training_turns(i), strict=True)
-        if reflections or not is_reflection(ep, record)
+        if (reflections or not is_reflection(ep, record))
+        and (last_reflections or can_change_outcome(ep, record))
     ]
 
 

@@ -43,7 +43,7 @@ def sft_turns(cfg: Config, system: System) -> list[Turn]:
         turns = read_demos(path, roles=[r.name for r in system.roles], vocab_size=vocab)
         console.print(f"sft: {len(turns)} demonstration turns from {path}")
         return turns
-    return training_turns(generate_demos(cfg, system))
+    return training_turns(generate_demos(cfg, system), last_reflections=True)
 
 
 def generate_demos(cfg: Config, system: System) -> list[Episode]:

@@ -9,12 +9,15 @@ One GRPO step, as the default run (experiment=arith_hierarchy, 8 tasks x G=4 a s
   score       each role's reward from what it did in its episode (meta_agent.episode.reward, roles.rewards)
   advantages  reward minus its (role, task) group's mean, over the group's std (grpo.advantage=grpo); the
               meta-thinker's reflections share its episode's (grpo.reflection_credit=episode)
-  filter      groups whose rewards are all equal are dropped, having no signal (grpo.filter_zero_variance)
+              groups whose episodes all ended alike keep their penalties' own size (grpo.penalty_only_groups)
+  filter      groups whose rewards are all equal are dropped, having no signal (grpo.filter_zero_variance);
+              a reflection with no round left after it is never trained (it cannot change the outcome)
   update      one optimizer step per rollout (train.updates_per_rollout=1, minibatches=1): token-level ratio
               clipped to [1 - 0.2, 1 + 0.28] against the trainer's own logprobs (so 1 in a single step),
               each token weighted by min(pi_trainer / pi_rollout, 2) against the rollout backend (TIS), the
               loss a mean over all trained tokens (token-mean), no KL (grpo.beta=0)
-then log -> held-out eval -> checkpoint. Under N processes each rank plays a contiguous share of the
+then log (with training.drift's KL to the start policy and cosine of consecutive updates) -> held-out
+eval -> checkpoint. Under N processes each rank plays a contiguous share of the
 step's tasks, all G episodes of a task on one rank, so advantages need no communication; what the ranks
 agree on is meta_agent.rank_protocol. Only rank 0 writes logs, traces and checkpoints.
 """
@@ -53,6 +56,7 @@ from meta_agent.tasks import Task, next_tasks
 from roles import executors
 from training.checkpoint import CHECKPOINTS_DIR, load_checkpoint, resolve_resume, save_checkpoint
 from training.distributed import Ranks
+from training.drift import Drift
 from training.grpo import GAE, trainable_turns
 from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
@@ -95,13 +99,14 @@ def train(
         )
     if cfg.train.env:
         check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
-        make_env = env_maker(cfg.train.env, cfg.train.env_args)
-    else:
-        make_env = None
     with rank0_first(ranks):  # rank 0 converts the backbone's cache and creates the memory folder
         system = build_system(cfg, memory_read_only=not ranks.main, ranks=ranks)
     log = None
     try:
+        make_env = None
+        if cfg.train.env:  # the env gets the run's own registry and special tokens
+            provided = {"registry": system.registry, "special_tokens": system.chat.special_tokens}
+            make_env = env_maker(cfg.train.env, cfg.train.env_args, provided)
         resumed = resume_state(cfg, system, ranks) if cfg.resume else None
         if on_start is not None:
             on_start()
@@ -160,6 +165,9 @@ def grpo(
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
     reference = stage_reference(cfg, trainer, ckpt_root, ranks)
+    # Whether the steps climb: KL to the start policy, update cosines. Not on a sharded backbone, whose
+    # ranks must run the same passes: each rank's fixed turns differ.
+    drift = Drift(trainer, 0 if system.backbone.sharded else cfg.train.drift_turns)
     with progress(ranks, cfg.train.steps, state.step) as advance:
         while state.step < cfg.train.steps and within_budget(cfg, state):
             started = time.perf_counter()
@@ -176,7 +184,10 @@ def grpo(
                     filter_zero_variance=cfg.grpo.filter_zero_variance,
                     by=cfg.grpo.zero_variance_of,
                 )
+                drift.fix(turns)  # the first step's turns, sampled from the policy the stage began with
+                before = drift.snapshot()
                 update = trainer.grpo_step(trained, reference)
+                update |= drift.measure(before)
                 update |= credit_metrics(turns, trained, system.backbone.adapters)
                 update |= value_update
             else:  # DPO: pairs of the rollout's groups, against the adapters the stage began with
@@ -234,6 +245,7 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
             scale=cfg.grpo.scale_advantages,
             kind=cfg.grpo.advantage,
             reflection_credit=cfg.grpo.reflection_credit,
+            penalty_only=cfg.grpo.penalty_only_groups,
         )
         return {}
     turns = training_turns(episodes)

@@ -289,6 +289,37 @@ def check_attempt(expression: str, numbers: list[int], target: int) -> Attempt:
     )
 
 
+def describe_attempt(answer: str | None, numbers: list[int], target: int) -> str:
+    """What the calculator's check of an answer shows, in one or two sentences (protocol.attempt_check):
+    found by code, judged by the meta-thinker.
+
+    describe_attempt("44+19+35", [44, 19, 35], 98) -> "44+19+35 makes 98, the target 98: a hit. It uses
+        each given number once."
+    describe_attempt("44+44+35", [44, 19, 35], 98) -> "44+44+35 makes 123, the target 98: a miss. 44 is
+        used more often than given; 19 is not used."
+    """
+    if not answer:
+        return "There is no answer to check."
+    attempt = check_attempt(answer, numbers, target)
+    shown = answer.strip()[:80]
+    if attempt.value is None:
+        return f"{shown} has no value: {attempt.error or 'it cannot be computed'}."
+    verdict = "a hit" if attempt.hits else "a miss"
+    first = f"{shown} makes {format_fraction(attempt.value)}, the target {target}: {verdict}."
+    problems = []
+    if attempt.error is not None:
+        problems.append(attempt.error)
+    problems += [f"{n} is used more often than given" for n in dict.fromkeys(attempt.extra_or_repeated)]
+    problems += [f"{n} is not used" for n in dict.fromkeys(attempt.missing)]
+    second = "; ".join(problems) + "." if problems else "It uses each given number once."
+    return f"{first} {second[0].upper()}{second[1:]}"
+
+
+def format_fraction(value: Fraction) -> str:
+    """A checked value as the check writes it: "81", "-3", "27/4"."""
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
 def grade_countdown(prediction: str, gold: str) -> bool:
     """Grader "countdown": `prediction` is an expression that solves the problem of `gold` (a
     countdown_gold text); never raises, and an unreadable gold answer grades everything wrong."""
@@ -332,8 +363,15 @@ def _form_error(tokens: list[Token]) -> str | None:
 
 def solve(numbers: list[int], target: int) -> str | None:
     """An expression that uses each of `numbers` once and equals `target` (fractions allowed on the
-    way, as the grader allows), or None when there is none. Brute force over every way to combine two
-    values; fine for the 3-4 numbers of a Countdown problem."""
+    way, as the grader allows), or None when there is none (solve_tree's, as text)."""
+    found = solve_tree(numbers, target)
+    return None if found is None else format_expr(found)
+
+
+def solve_tree(numbers: list[int], target: int, whole: bool = False) -> Expr | None:
+    """The expression tree of a solution, or None. Brute force over every way to combine two values;
+    fine for the 3-4 numbers of a Countdown problem. `whole`: only solutions whose every step is a
+    positive whole number (what a demonstration shows)."""
     goal = Fraction(target)
     failed: set[tuple[Fraction, ...]] = set()
 
@@ -347,14 +385,26 @@ def solve(numbers: list[int], target: int) -> str | None:
             rest = [items[k] for k in range(len(items)) if k not in (i, j)]
             (a, x), (b, y) = items[i], items[j]
             for value, expr in _combinations(a, x, b, y):
+                if whole and (value <= 0 or value.denominator != 1):
+                    continue
                 found = search([*rest, (value, expr)])
                 if found is not None:
                     return found
         failed.add(state)
         return None
 
-    found = search([(Fraction(n), n) for n in numbers])
-    return None if found is None else format_expr(found)
+    return search([(Fraction(n), n) for n in numbers])
+
+
+def value_of_exact(expr: Expr) -> Fraction | None:
+    """The exact value of any expression tree, fractions allowed; None where it divides by zero."""
+    if isinstance(expr, int):
+        return Fraction(expr)
+    op, left, right = expr
+    a, b = value_of_exact(left), value_of_exact(right)
+    if a is None or b is None or (op == "/" and b == 0):
+        return None
+    return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else a}[op]
 
 
 def _combinations(a: Fraction, x: Expr, b: Fraction, y: Expr):

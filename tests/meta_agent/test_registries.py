@@ -86,6 +86,9 @@ REFLECTION_CREDITS = {
     "episode": ([0.5] * 5, [-0.5] * 5),
     "round": ([0.5, 0.5, 0.5, 0.5, 0.25], [-0.5, -0.5, -0.5, -0.5, -0.25]),
     "none": ([0.5, 0.5, 0.0, 0.5, 0.0], [-0.5, -0.5, 0.0, -0.5, 0.0]),
+    # Round 1's reflections both judged a wrong round and revised: credit 1 (fixed) and 0 (still wrong);
+    # round 2's have no round after them: 0.
+    "revision": ([0.5, 0.5, 0.5, 0.5, 0.0], [-0.5, -0.5, -0.5, -0.5, 0.0]),
 }
 
 

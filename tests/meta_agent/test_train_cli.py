@@ -60,6 +60,9 @@ def test_train_two_steps_writes_tensorboard_traces_and_checkpoints(tiny_model_di
             "tool_calls",
             "tool_errors",
             "lr",
+            "kl_to_start",  # training.drift: on the first rollout's turns, each step
+            "update_norm",
+            "update_cosine",  # from the second step
         ):
             assert f"role/{role}/{metric}" in tags, f"role/{role}/{metric} missing"
     for tag in (

@@ -228,7 +228,7 @@ def attacks(host: Host) -> dict[str, str]:
                Path(f"/tmp/{host.tag}-written"), Path(f"/dev/shm/{host.tag}-written")]  # fmt: skip
     reads = [host.project / "data" / "test.jsonl", REPO / "README.md", REPO / "data" / "gsm8k" / "test.jsonl",
              Path(f"/proc/{host.canary_pid}/environ"), Path(f"/proc/{host.canary_pid}/cmdline"),
-             Path("/proc/1/environ")]  # fmt: skip
+             Path("/proc/1/environ"), Path("/etc/shadow"), Path("/etc/gshadow")]  # fmt: skip
     delayed = (
         f"import os, signal, socket, time, _socket\n"
         f"time.sleep({DELAYED_ATTACK_S})\n"
@@ -244,7 +244,10 @@ import os, sys
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, "-c", {delayed!r}, "{host.tag}"])
+        try:
+            os.execv(sys.executable, [sys.executable, "-c", {delayed!r}, "{host.tag}"])
+        except OSError:  # no interpreter to exec (landlock as root, Python under /root): attack from here
+            exec({delayed!r})
     os._exit(0)
 os.wait()
 print("spawned")
@@ -255,7 +258,11 @@ count = 0
 for i in range(300):
     try:
         if os.fork() == 0:
-            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", "import time; time.sleep(60)", "{host.tag}"])
+            try:
+                os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", "import time; time.sleep(60)", "{host.tag}"])
+            except OSError:  # no interpreter to exec: the child stays, as the sleeper would
+                time.sleep(60)
+            os._exit(0)
         count += 1
     except OSError:
         break
@@ -355,6 +362,19 @@ for name, attempt in [
         print(name, "refused")
 print("unshare", libc.unshare(0x10000000 | 0x00020000))
 print("uid", os.getuid())
+print("euid", os.geteuid(), "saved", os.getresuid()[2])
+""",
+        "open_files": """
+held = []
+while True:
+    held.append(open("/dev/null"))
+""",
+        "processes": """
+import os, time
+while True:
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
 """,
         "scratch": """
 import os
@@ -479,6 +499,15 @@ def test_hostile_programs_leave_the_host_untouched(host: Host, request: pytest.F
         assert "canary visible: False" in out["reads"]  # Landlock leaves stat(): a pid's existence shows
     assert f"listed {REPO}" not in out["reads"] and f"listed {host.project}" not in out["reads"]
     assert "DONE" not in out["escalate"] and "uid 0" not in out["escalate"], out["escalate"]
+    if os.geteuid() == 0 and context.uid is None:  # root runs the program as a uid of its own, wholly
+        assert "euid 0" not in out["escalate"] and "saved 0" not in out["escalate"], out["escalate"]
+    # Exhausting a limit is said in words, never a bare exit status.
+    assert out["open_files"].endswith("[open files limit: more than 64 files open at once]"), out[
+        "open_files"
+    ]
+    assert out["processes"].endswith("[process limit: more than 32 processes and threads at once]"), out[
+        "processes"
+    ]
     assert "scratch ok True" in out["scratch"], out["scratch"]
     assert "still here" in out["kill_caller"] or "killed" in out["kill_caller"], out["kill_caller"]
 
