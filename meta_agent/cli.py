@@ -705,12 +705,12 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         run_dir = Path(ranks.broadcast(str(run_dir) if ranks.main else None))
         if not ranks.main and run_dir != Path(cfg.run_dir):
             cfg = in_folder(cfg, overrides, run_dir)
-    console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
 
     def on_start() -> None:  # every check passed: the resumed run's config is the one it goes on with
         if resume and ranks.main:
             made(lambda: write_config(cfg, run_dir, command), "run_dir", run_dir)
         run_started()
+        console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
 
     final = train(cfg, run_dir, ranks, on_start=on_start)
     ranks.close()

@@ -39,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meta_agent.analysis.metrics import rollout_metrics
 from meta_agent.analysis.reflection import defined, reflected, reflection_metrics
 from meta_agent.config import commented_yaml, hparams
+from meta_agent.demos.build import demo_path
 from meta_agent.env.rollout import check_env_settings, env_accuracy, env_episodes, env_maker
 from meta_agent.episode.protocol import Episode
 from meta_agent.episode.reward import score
@@ -61,6 +62,7 @@ from training.grpo import GAE, trainable_turns
 from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer
+from training.types import Turn
 
 console = Console()
 # In the checkpoints folder: the adapters the stage began with, its loss's reference (DPO's; GRPO's KL with
@@ -108,10 +110,13 @@ def train(
             provided = {"registry": system.registry, "special_tokens": system.chat.special_tokens}
             make_env = env_maker(cfg.train.env, cfg.train.env_args, provided)
         resumed = resume_state(cfg, system, ranks) if cfg.resume else None
+        # a demonstrations file is read before the run starts too (a generator's are played after)
+        from_file = resumed is None and cfg.sft.enabled and demo_path(cfg.sft.source) is not None
+        demos = sft_turns(cfg, system) if from_file else None
         if on_start is not None:
             on_start()
         log = RunLog(run_dir, enabled=ranks.main)
-        return grpo(cfg, run_dir, ranks, system, log, make_env, resumed)
+        return grpo(cfg, run_dir, ranks, system, log, make_env, resumed, demos)
     finally:  # also when the run raises: the event files keep what was logged, the vLLM engine stops
         if log is not None:
             log.close()
@@ -139,9 +144,10 @@ def grpo(
     log: RunLog,
     make_env: Callable[[], AECEnv] | None = None,
     resumed: tuple[PolicyTrainer, Stage] | None = None,
+    demos: list[Turn] | None = None,
 ) -> dict[str, float]:
     """SFT (if enabled and not resuming), then the GRPO loop, on a built system; `resumed`: the trainer and
-    stage resume_state loaded."""
+    stage resume_state loaded; `demos`: SFT's turns where already read (else sft_turns reads them)."""
     traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
@@ -160,7 +166,7 @@ def grpo(
         rollback_memory(system.memory, state.memory_max_id, ranks, private=system.memory_private)
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
-        state = warm_start(cfg, system, log, evaluate, ckpt_root, ranks)
+        state = warm_start(cfg, system, log, evaluate, ckpt_root, ranks, demos)
         trainer = policy_trainer(cfg, system, ranks)
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
@@ -261,12 +267,19 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
 
 
 def warm_start(
-    cfg: Config, system: System, log: RunLog, evaluate: Callable[[], float], ckpt_root: Path, ranks: Ranks
+    cfg: Config,
+    system: System,
+    log: RunLog,
+    evaluate: Callable[[], float],
+    ckpt_root: Path,
+    ranks: Ranks,
+    demos: list[Turn] | None = None,
 ) -> Stage:
     """A fresh run's start: held-out accuracy untrained (when `train.eval_base`), then the SFT stage when
-    `sft.enabled`."""
+    `sft.enabled`, on `demos` where given."""
     state = Stage(stage="sft" if cfg.sft.enabled else cfg.train.algorithm)
-    demos = sft_turns(cfg, system) if cfg.sft.enabled else []  # before evaluating: a bad file fails at once
+    if demos is None:  # before evaluating: a generator that makes none fails at once
+        demos = sft_turns(cfg, system) if cfg.sft.enabled else []
     if cfg.train.eval_base:
         state.base_accuracy = evaluate()
         log.scalars({"eval/accuracy": state.base_accuracy}, 0)
