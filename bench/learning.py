@@ -91,6 +91,17 @@ TASKS = {
     "reflection_check": ("distract_check_hierarchy", "distract_single_agent"),
     # the same, the numbers the plan or the work lacks found by code and shown to the reflection
     "reflection_numbers": ("distract_numbers_hierarchy", "distract_single_agent"),
+    # Countdown, two attempts, the calculator's check shown (the main job since issue 54): the `reflection`
+    # section; its baseline is the executor alone with the same two attempts and the same check
+    "countdown": ("countdown_hierarchy", "countdown_single_agent"),
+}
+# Where a task's results go in the file: None the top level, else that section (a run of one keeps the others)
+SECTIONS = {
+    "default": None,
+    "reflection": "reflection_task",
+    "reflection_check": "reflection_task",
+    "reflection_numbers": "reflection_task",
+    "countdown": "reflection",
 }
 PROBE_ARMS = ("no_reflection", "no_plan")
 # The issue's targets for the default experiment on 2 CPU cores: the RL's own gain over seeds (mean, and
@@ -105,7 +116,7 @@ REFLECTION_TARGETS = {
 }
 # What the code trains, beside its settings: changed with any change to the code that alters what a seed
 # learns (a reward, a loss, a sampler), so that the fingerprint keeps seeds of older code out of the means.
-TRAINING_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan breaks its format"
+TRAINING_REVISION = "2026-12-07: a reflection with no round left after it is never trained (issue 54)"
 # The same for the demonstrations SFT plays, per `sft.source` (a source not named here: unchanged since
 # fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
 # means and leave the other task's seeds alone.
@@ -211,7 +222,7 @@ HOW_COMPUTED = ("train.shared_prefix",)
 # Settings added later of what is measured beside the training, which nothing trained reads: left out of
 # every fingerprint too. train.eval_base (the untrained policy's evaluation; tests/meta_agent/test_training_evaluations.py):
 # a seed without it has `base` None, and the mean of `base` is over the seeds that have one.
-NOT_TRAINED = ("train.eval_base",)
+NOT_TRAINED = ("train.eval_base", "train.drift_turns")  # drift: no-gradient passes, no sample drawn
 NEUTRAL = {
     "train.algorithm": "grpo",
     "grpo.zero_variance_of": "reward",
@@ -223,6 +234,9 @@ NEUTRAL = {
     "train.env": None,  # the hierarchy's own episode
     "train.env_args": ("train.env", None),  # read only with train.env
     "custom_tasks": {},  # a researcher's own tasks: none defined trains as before
+    "protocol.final_reflection": True,  # the last round's reflection played, as before the setting
+    "protocol.attempt_check": False,  # the reflect prompts as they were
+    "grpo.penalty_only_groups": "scaled",  # every group's advantages scaled by its std, as before
 }
 
 
@@ -418,7 +432,7 @@ def sft_sources(args: argparse.Namespace) -> tuple[dict[int, dict], str | None]:
         found = json.loads(args.sft_from.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"--sft-from {args.sft_from}: not a readable results file ({e})") from None
-    section = found if args.task == "default" else found.get("reflection_task") or {}
+    section = found if SECTIONS[args.task] is None else found.get(SECTIONS[args.task]) or {}
     experiment = TASKS[args.task][0]
     held = (section.get("settings") or {}).get("experiments", [experiment])[0]
     if held != experiment:
@@ -622,6 +636,68 @@ def reflection_task(summary: dict) -> dict:
     return {**named, **summary, "targets": REFLECTION_TARGETS, "meets": targets}
 
 
+# Issue 54's targets on the main job (Countdown, two attempts): reflection pays after GRPO, and GRPO pays.
+COUNTDOWN_TARGETS = {
+    "two_minus_one_round": 0.0,  # interval above it
+    "revise_recall_after": 0.5,  # at precision at least revise_precision_after
+    "revise_precision_after": 0.7,
+    "grpo_minus_sft": 0.0,  # interval above it
+    "hierarchy_minus_executor_alone": 0.0,
+    "main_job_seconds_bfloat16": 1200.0,
+}
+
+
+def countdown_reflection(summary: dict) -> dict:
+    """The `reflection` section: the issue's named results first (two rounds minus one after GRPO from the
+    probe's no_reflection arm, negated; revise recall and precision after GRPO; self-correction after SFT
+    and after GRPO; GRPO minus SFT; the hierarchy minus the executor alone at the same attempts and
+    generated tokens; the main job's seconds in bfloat16), their targets and which are met, then the
+    summary they come from."""
+    before = summary["probes"].get("before_grpo", {})
+    after = summary["probes"].get("after_grpo", {})
+
+    def negated(key: str) -> float | None:
+        value = after.get(key)
+        return None if value is None else round(-value, 4)
+
+    named = {
+        "seeds": summary["seeds"],
+        "two_minus_one_round_mean": negated("no_reflection_minus_base_mean"),
+        "two_minus_one_round_ci_low": negated("no_reflection_minus_base_ci_high"),
+        "revise_recall_after": after.get("revise_recall"),
+        "revise_precision_after": after.get("revise_precision"),
+        "self_correction_after_sft": before.get("self_correction"),
+        "self_correction_after_grpo": after.get("self_correction"),
+        "grpo_minus_sft_mean": summary["grpo_minus_sft_mean"],
+        "grpo_minus_sft_ci_low": summary["grpo_minus_sft_ci_low"],
+        "hierarchy_minus_executor_alone_mean": summary["hierarchy_minus_single_mean"],
+        "main_job_seconds_bfloat16": summary.get("hierarchy_seconds_bfloat16"),
+    }
+    t = COUNTDOWN_TARGETS
+
+    def above(value: float | None, target: float) -> bool | None:
+        return None if value is None else value > target
+
+    recall, precision = named["revise_recall_after"], named["revise_precision_after"]
+    corrections = (named["self_correction_after_sft"], named["self_correction_after_grpo"])
+    seconds = named["main_job_seconds_bfloat16"]
+    meets_ = {
+        "two_minus_one_round": above(named["two_minus_one_round_ci_low"], t["two_minus_one_round"]),
+        "revise_recall_and_precision": None
+        if recall is None or precision is None
+        else recall >= t["revise_recall_after"] and precision >= t["revise_precision_after"],
+        "self_correction": None
+        if None in corrections
+        else corrections[1] > 0 and corrections[1] > corrections[0],
+        "grpo_minus_sft": above(named["grpo_minus_sft_ci_low"], t["grpo_minus_sft"]),
+        "hierarchy_minus_executor_alone": None
+        if named["hierarchy_minus_executor_alone_mean"] is None
+        else named["hierarchy_minus_executor_alone_mean"] >= t["hierarchy_minus_executor_alone"],
+        "main_job_seconds_bfloat16": None if seconds is None else seconds <= t["main_job_seconds_bfloat16"],
+    }
+    return {**named, "targets": COUNTDOWN_TARGETS, "meets": meets_, **summary}
+
+
 def kept_seeds(old: dict, args: argparse.Namespace) -> list[dict]:
     """The section's per-seed records worth keeping: those trained with the same settings, whatever the
     overrides' spelling (their `config_sha`, the fingerprint of the resolved settings: an override that
@@ -675,18 +751,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args.machine = {k: v for k, v in machine.items() if k != "load_average_1m_now"}
     experiments = TASKS[args.task]
     args.dtype, args.config_sha = settings_of(experiments[0], args.overrides)
-    # The default task is the file's top level, the reflection task its reflection_task section: a run
-    # of one keeps the other as it was.
-    if args.task == "default":
+    # The default task is the file's top level, the others their SECTIONS: a run of one keeps the others.
+    name = SECTIONS[args.task]
+    sections = {v for v in SECTIONS.values() if v is not None}
+    if name is None:
         section_old, other = (
-            old,
-            {"reflection_task": old["reflection_task"]} if "reflection_task" in old else {},
+            {k: v for k, v in old.items() if k not in sections},
+            {k: v for k, v in old.items() if k in sections},
         )
     else:
-        section_old, other = (
-            old.get("reflection_task") or {},
-            {k: v for k, v in old.items() if k != "reflection_task"},
-        )
+        section_old, other = old.get(name) or {}, {k: v for k, v in old.items() if k != name}
     args.sft_sources, source_sha = sft_sources(args)  # a seed it lacks stops the bench here, before any run
     if source_sha is not None:  # GRPO from another experiment's SFT: summarised apart from whole runs
         args.config_sha = f"{args.config_sha}{SFT_FROM}{source_sha}"
@@ -718,10 +792,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
             },
             "machine": machine,  # this call's; each seed's record has the machine it ran on
         }
-        if args.task == "default":
+        if name is None:
             result = {**section, "targets": TARGETS, "meets": meets(summary), **other}
+        elif name == "reflection":
+            result = {**other, name: countdown_reflection(section)}
         else:
-            result = {**other, "reflection_task": reflection_task(section)}
+            result = {**other, name: reflection_task(section)}
         result = write_result(result, args.out)
 
     for seed in args.seeds:

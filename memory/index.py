@@ -17,6 +17,7 @@ Kinds (config `memory.index`), measured by bench/faiss_memory.py (docs/results/m
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import tempfile
@@ -227,15 +228,42 @@ def write_index_atomic(index: faiss.Index, path: Path) -> None:
     """Write `index` to `path` so that a reader sees either the old file or the new one, never half."""
     # A temporary file of its own: two processes flushing one folder never write (or rename) each
     # other's. The last rename wins; SQLite stays the truth, and an index file that misses another
-    # writer's entries is rebuilt on the next open.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    # writer's entries is rebuilt on the next open. The temporary file stays locked while it is written,
+    # so that remove_stale_temporaries can tell a killed writer's file from a live one's.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         faiss.write_index(index, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)  # releases the lock
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files that writers of `path` killed mid-write left beside it (up to an
+    index's size each); returns them. A file whose writer is alive holds its lock and is kept."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*{TEMPORARY_SUFFIX}"):
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except FileNotFoundError:  # its writer renamed it meanwhile
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # being written now
+            continue
+        else:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def is_kind(index: faiss.IndexIDMap2, kind: str) -> bool:

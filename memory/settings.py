@@ -11,7 +11,7 @@ from pathlib import Path
 
 from memory.index import DEFAULT_INDEX, HNSW_EF_SEARCH, IVF_NPROBE, index_kind
 from memory.store import FaissMemory
-from memory.types import Embedder
+from memory.types import Embedder, MemoryConfigError
 
 # What the meta-thinker carries from one reflection to the next (meta_agent.episode.internal_memory)
 INTERNAL_KINDS = ("truncate", "summary")
@@ -67,12 +67,15 @@ def open_memory(
     if not settings.enabled:
         return None
     path = Path(settings.path) if settings.path else None
-    return FaissMemory(
-        path,
-        make_embedder(),
-        index=settings.index,
-        ef_search=settings.hnsw_ef_search,
-        nprobe=settings.ivf_nprobe,
-        read_only=read_only and path is not None,
-        writer=writer,
-    )
+    try:
+        return FaissMemory(
+            path,
+            make_embedder(),
+            index=settings.index,
+            ef_search=settings.hnsw_ef_search,
+            nprobe=settings.ivf_nprobe,
+            read_only=read_only and path is not None,
+            writer=writer,
+        )
+    except MemoryConfigError as err:
+        raise MemoryConfigError(f"memory.path={settings.path}: {err}; or memory.enabled=false") from err

@@ -14,6 +14,7 @@ rebuilt from the stored vectors, so a killed process loses nothing that was comm
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +33,7 @@ from memory.index import (
     make_index,
     needs_retrain,
     read_index,
+    remove_stale_temporaries,
     removes_in_place,
     search_one,
     set_ef_search,
@@ -80,6 +82,16 @@ def _broadcast(value: object, n: int, what: str) -> list:
     if len(value) != n:
         raise ValueError(f"add_many got {n} texts but {len(value)} values of {what}")
     return list(value)
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet; None if it exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
 
 
 def enable_wal(db: sqlite3.Connection, seconds: float = WAL_WAIT_SECONDS) -> None:
@@ -164,23 +176,43 @@ class FaissMemory:
         self._adds_since_flush = 0
         self._dirty = False
 
-        if self.path is None:
-            self._db = sqlite3.connect(":memory:")
-        else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path / SQLITE_FILE)
-            # WAL + synchronous=NORMAL: a committed transaction survives a killed process (only an OS
-            # crash could roll back the last commits), and adds stay fast.
-            enable_wal(self._db)
-            self._db.execute("PRAGMA synchronous=NORMAL")
+        made = first_missing(self.path) if self.path is not None else None
+        self._db = None
         try:
+            self._db = self._connect()
             self._db.executescript(_SCHEMA)
             self._upgrade_schema()
             self._check_meta()
             self._index = self._open_index()
-        except BaseException:
-            self._db.close()  # a refused open must not keep the database file locked
+        except BaseException as err:
+            if self._db is not None:
+                self._db.close()  # a refused open must not keep the database file locked
+            if made is not None:  # nor leave a folder it created
+                shutil.rmtree(made, ignore_errors=True)
+            if isinstance(err, sqlite3.DatabaseError | OSError):
+                raise MemoryConfigError(
+                    f"{self._where()} cannot be opened as a memory ({err}): pass a writable folder with room "
+                    f"to spare, or move a damaged {SQLITE_FILE} aside"
+                ) from err
             raise
+
+    def _connect(self) -> sqlite3.Connection:
+        """The SQLite database: in process memory, or the folder's file (the folder made if missing)."""
+        if self.path is None:
+            return sqlite3.connect(":memory:")
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not self.read_only:  # what writers killed while writing the index file left
+            remove_stale_temporaries(self.path / INDEX_FILE)
+        db = sqlite3.connect(self.path / SQLITE_FILE)
+        try:
+            # WAL + synchronous=NORMAL: a committed transaction survives a killed process (only an OS
+            # crash could roll back the last commits), and adds stay fast.
+            enable_wal(db)
+            db.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     # ----------------------------------------------------------------------------------- opening
 

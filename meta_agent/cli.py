@@ -15,24 +15,32 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import sqlite3
 import sys
 import textwrap
 import time
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import transformers
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from memory.store import SQLITE_FILE, first_missing
+from memory.types import MemoryConfigError
 from meta_agent.analysis.report import write_report
 from meta_agent.config import CONFIG_DIR, commented_yaml, compose_config, config_of_run, load_config
 from meta_agent.demos.build import SOURCES, demo_path, read_demos, write_demos
 from meta_agent.episode.reward import score
 from meta_agent.episode.runner import play
 from meta_agent.episode.trace import TraceWriter, episode_markdown
-from meta_agent.errors import SettingError, UserError
+from meta_agent.errors import BadData, SettingError, UserError
 from meta_agent.evaluation.evaluate import evaluate
 from meta_agent.evaluation.planning import build_planner
 from meta_agent.evaluation.probe import mixed_slots, probe, write_probe
@@ -41,14 +49,22 @@ from meta_agent.learning.sft import generate_demos, search_demos
 from meta_agent.learning.train import train
 from meta_agent.rank_protocol import commit_lessons, join
 from meta_agent.settings import Config
-from meta_agent.system import build_system, check_tools
+from meta_agent.system import adapters_folder, build_system, check_tools
 from meta_agent.tasks import KNOWN_TASKS, Task
-from roles import META_THINKER
+from roles import META_THINKER, executors, meta_thinker
 from training.backbone import Backbone
 from training.checkpoint import CHECKPOINTS_DIR, CheckpointError, latest_checkpoint, resolve_resume
 from training.distributed import Ranks
-from training.model_files import BackboneNotFound, ModelMismatch, resolve_model_dir
+from training.model_files import (
+    BackboneNotFound,
+    ModelMismatch,
+    context_window,
+    load_tokenizer,
+    model_context,
+    resolve_model_dir,
+)
 
+T = TypeVar("T")
 CONFIG_FILE = "config.yaml"  # a run folder's resolved config; its existence marks the folder as taken
 # Piped or captured output keeps whole table rows (a terminal's own width is used as it is).
 console = Console(width=None if Console().is_terminal else 160)
@@ -264,16 +280,94 @@ def start_run(
     weaker = check_tools(cfg)  # so does an unknown tool, or a sandbox level this machine cannot give
     if weaker:
         console.print(f"[yellow]note:[/yellow] {weaker}")
+    wanted = Path(cfg.run_dir)
     if resume:  # its own folder, or the run_dir= it was asked to go on in (a copy, say)
-        run_dir = Path(cfg.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = wanted
+        if not run_dir.is_dir():
+            CLAIMS.append(Claim(run_dir, first_missing(run_dir)))
+            made(lambda: run_dir.mkdir(parents=True, exist_ok=True), "run_dir", run_dir)
     else:
-        run_dir = claim_folder(Path(cfg.run_dir))
-    if run_dir != Path(cfg.run_dir):
+        created = first_missing(wanted)
+        try:
+            run_dir = made(lambda: claim_folder(wanted), "run_dir", wanted)
+        except SettingError:  # a claim cut short (a full disk) leaves none of the folders it made
+            prune(wanted, created)
+            raise
+        # the folders made for it: the missing parents of run_dir, or <run_dir>-k; an existing one is kept
+        outermost = created if created and run_dir.is_relative_to(created) else None
+        CLAIMS.append(Claim(run_dir / CONFIG_FILE, outermost or (run_dir if run_dir != wanted else None)))
+    if run_dir != wanted:
         console.print(f"{cfg.run_dir} holds another run: this one writes to {run_dir}")
         cfg = in_folder(cfg, overrides, run_dir)
-    write_config(cfg, run_dir, command)
+    memory = Path(cfg.memory.path) if cfg.memory.enabled and cfg.memory.path else None
+    if memory is not None and first_missing(memory) is not None:
+        CLAIMS.append(Claim(memory, first_missing(memory), only_if=memory_is_empty))
+    if not resume:  # a resumed run's config.yaml is written once its checkpoint loaded (cmd_train)
+        made(lambda: write_config(cfg, run_dir, command), "run_dir", run_dir)
     return cfg, run_dir
+
+
+@dataclass
+class Claim:
+    """A file or folder a start made for its run: a refusal before the run starts takes it back (withdraw)."""
+
+    path: Path
+    outermost: Path | None  # the outermost folder the start created for it (its missing parents), if any
+    only_if: Callable[[Path], bool] = lambda path: True  # taken back only where this holds
+
+
+# The folders of this process's start that has not yet started its run (cmd_*: run_started()).
+CLAIMS: list[Claim] = []
+
+
+def run_started() -> None:
+    """The run has passed every check and goes on: what its start made is its own now."""
+    CLAIMS.clear()
+
+
+def withdraw() -> None:
+    """Remove what the refused start made: the run's config.yaml, the memory folder it created (where it
+    holds no entry), and the folders it created for them, where empty. Nothing else is removed."""
+    for claim in reversed(CLAIMS):
+        if claim.path.is_dir() and claim.only_if(claim.path):
+            shutil.rmtree(claim.path, ignore_errors=True)
+        elif claim.path.is_file():
+            claim.path.unlink()
+        prune(claim.path if claim.path.is_dir() else claim.path.parent, claim.outermost)
+    CLAIMS.clear()
+
+
+def prune(folder: Path, outermost: Path | None) -> None:
+    """Remove `folder` and its parents up to `outermost`, as long as each is empty."""
+    while outermost is not None and folder.is_relative_to(outermost):
+        try:
+            folder.rmdir()  # only an empty one
+        except OSError:
+            break
+        folder = folder.parent
+
+
+def memory_is_empty(folder: Path) -> bool:
+    """A memory folder holds no entry (one whose database cannot be read counts as not empty: kept)."""
+    try:
+        with closing(sqlite3.connect(f"file:{folder / SQLITE_FILE}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM entries").fetchone()[0] == 0
+    except sqlite3.Error:
+        return not (folder / SQLITE_FILE).exists()
+
+
+def made(write: Callable[[], T], key: str, path: Path) -> T:
+    """`write()`, an OS error of writing `path` (the folder a key names) one SettingError naming the key."""
+    try:
+        return write()
+    except (FileExistsError, NotADirectoryError) as err:
+        raise SettingError(
+            f"{key}={path}: {err.filename} is a file, not a folder: pass another {key}"
+        ) from None
+    except OSError as err:
+        raise SettingError(
+            f"{key}={path}: cannot write there ({err.strerror}): free some space, or pass a writable {key}"
+        ) from None
 
 
 def in_folder(cfg: Config, overrides: list[str], run_dir: Path) -> Config:
@@ -287,7 +381,7 @@ def claim_folder(wanted: Path, tries: int = 1000) -> Path:
     config.yaml exclusively, so of two processes racing for one name only one gets it."""
     for k in range(1, tries + 1):
         folder = wanted if k == 1 else wanted.with_name(f"{wanted.name}-{k}")
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # FileExistsError: a file has that name
         try:
             (folder / CONFIG_FILE).open("x").close()
             return folder
@@ -327,6 +421,7 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     if cfg.adapters is None and not any(o.startswith("protocol.max_new_tokens=") for o in overrides):
         cfg = replace(cfg, protocol=replace(cfg.protocol, max_new_tokens=SOLVE_UNTRAINED_BUDGET))
         budget = f" This solve stops after {SOLVE_UNTRAINED_BUDGET} generated tokens (protocol.max_new_tokens=N for more)."
+    check_questions_fit([Task(id="the question", question=question, answer="", source="cli")], cfg)
     cfg, run_dir = start_run(cfg, overrides, "solve")
     if trained is not None:
         console.print(
@@ -352,6 +447,7 @@ def cmd_solve(question: str, overrides: list[str]) -> int:
     task = Task(id="cli/0", question=question, answer="", source="cli")
     episode = system.factory.new(task)
     check_fits(len(episode.request().prompt_ids), cfg.protocol.max_new_tokens, context_length(system))
+    run_started()
     extra = {}
     with console.status("thinking"):
         planner = build_planner(cfg.planner, system.backbone)
@@ -413,8 +509,7 @@ def with_repetition_stop(cfg: Config, overrides: list[str]) -> Config:
 
 
 def context_length(system) -> int | None:
-    config = getattr(system.backbone.model, "config", None)
-    return getattr(config, "max_position_embeddings", None)
+    return context_window(getattr(system.backbone.model, "config", None))
 
 
 def check_fits(prompt_tokens: int, budget: int, context: int | None) -> None:
@@ -438,9 +533,11 @@ def cmd_eval(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     # Read before the run folder is claimed: a bad task file or name stops with nothing made.
     tasks = {name: cfg.tasks(name, cfg.eval.split, cfg.eval.limit) for name in cfg.eval.tasks}
+    check_questions_fit([t for ts in tasks.values() for t in ts], cfg)
     cfg, run_dir = start_run(cfg, overrides, "eval")
     with console.status("loading the backbone"):
         system = build_system(cfg)
+    run_started()
     seeds = cfg.eval.seeds or [cfg.seed]
     total = sum(len(t) for t in tasks.values()) * cfg.eval.samples * len(seeds)
     started = time.perf_counter()
@@ -490,8 +587,11 @@ def cmd_eval(overrides: list[str]) -> int:
 
 
 def cmd_probe(overrides: list[str]) -> int:
-    cfg, run_dir = start_run(load_config(overrides), overrides, "probe")
+    cfg = load_config(overrides)
     tasks = cfg.tasks(cfg.probe.task, cfg.probe.split, cfg.probe.limit)
+    check_questions_fit(tasks, cfg)
+    check_probe_adapters(cfg)
+    cfg, run_dir = start_run(cfg, overrides, "probe")
     # The mixed arm's adapters sit beside the roles' own in one backbone, loaded once.
     mixed = "mixed" in cfg.probe.arms and (cfg.probe.meta_thinker_from or cfg.probe.executors_from)
     slots = mixed_slots(list(cfg.roles)) if mixed else {}
@@ -499,7 +599,8 @@ def cmd_probe(overrides: list[str]) -> int:
         extra = {slot: cfg.roles[role].adapter for role, slot in slots.items()}
         backbone = Backbone.load(cfg.model, cfg.role_adapters | extra, seed=cfg.seed)
         system = build_system(cfg, backbone)
-    started = time.perf_counter()
+    run_started()
+    began = time.perf_counter()
     with console.status(
         f"probing {len(tasks)} problems x {len(cfg.probe.arms) + 1} arms in one batched rollout"
     ):
@@ -518,7 +619,7 @@ def cmd_probe(overrides: list[str]) -> int:
         "seed": cfg.seed,
         "temperature": cfg.eval.temperature,
         "roles": list(cfg.roles),
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": round(time.perf_counter() - began, 1),
     }
     json_path, md_path = write_probe(results, run_dir, header)
     console.print(Markdown(md_path.read_text(encoding="utf-8")))
@@ -526,6 +627,21 @@ def cmd_probe(overrides: list[str]) -> int:
         f"{len(tasks)} problems in {header['seconds']:.0f} s   results: {json_path}   table: {md_path}"
     )
     return 0
+
+
+def check_probe_adapters(cfg: Config) -> None:
+    """Every adapters folder probe reads (adapters=, probe.meta_thinker_from, probe.executors_from) holds
+    readable adapters of the roles it gives, each named by its own key in a refusal."""
+    roles = cfg.role_list
+    sources = [("adapters", cfg.adapters, roles)]
+    if "mixed" in cfg.probe.arms:
+        sources += [
+            ("probe.meta_thinker_from", cfg.probe.meta_thinker_from, [meta_thinker(roles)]),
+            ("probe.executors_from", cfg.probe.executors_from, executors(roles)),
+        ]
+    for key, value, given in sources:
+        if value:
+            adapters_folder(value, [r.name for r in given], key)
 
 
 def cmd_demos(overrides: list[str]) -> int:
@@ -549,6 +665,7 @@ def cmd_demos(overrides: list[str]) -> int:
     out = Path(cfg.demos_out) if cfg.demos_out else run_dir / "demos.jsonl"
     with console.status("loading the backbone"):
         system = build_system(cfg)
+    run_started()
     what = (
         f"searching {cfg.sft.examples} {cfg.train.task} problems"
         if searched
@@ -588,8 +705,14 @@ def cmd_train(overrides: list[str], command: str = "train") -> int:
         run_dir = Path(ranks.broadcast(str(run_dir) if ranks.main else None))
         if not ranks.main and run_dir != Path(cfg.run_dir):
             cfg = in_folder(cfg, overrides, run_dir)
-    console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
-    final = train(cfg, run_dir, ranks)
+
+    def on_start() -> None:  # every check passed: the resumed run's config is the one it goes on with
+        if resume and ranks.main:
+            made(lambda: write_config(cfg, run_dir, command), "run_dir", run_dir)
+        run_started()
+        console.print(f"run folder: {run_dir}   (tensorboard --logdir {run_dir})")
+
+    final = train(cfg, run_dir, ranks, on_start=on_start)
     ranks.close()
     console.print(
         f"held-out accuracy ({cfg.train.eval_task}{f' through {cfg.train.env}' if cfg.train.env else ''}, "
@@ -609,7 +732,22 @@ def check_train_tasks(cfg: Config) -> None:
             f"train.task={cfg.train.task} train.pool={cfg.train.pool}: the training pool is empty; raise "
             "train.pool or pick a task with training problems"
         )
-    cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)
+    check_questions_fit([*pool, *cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)], cfg)
+
+
+def check_questions_fit(tasks: list[Task], cfg: Config) -> None:
+    """Every question is shorter than the model's context, checked as the tasks are read (a tokenizer and
+    the model's config.json, no weights): a longer one is refused naming its task, before any tensor."""
+    context = model_context(cfg.model)
+    if context is None or not tasks:
+        return
+    counts = load_tokenizer(cfg.model)([t.question for t in tasks], add_special_tokens=False)["input_ids"]
+    for task, ids in zip(tasks, counts, strict=True):
+        if len(ids) >= context:
+            raise BadData(
+                f"{task.id}: the question is {len(ids)} tokens, longer than the model's {context}-token "
+                "context: shorten it or drop it from the task file"
+            )
 
 
 def run_folder(resume: Path) -> Path:
@@ -633,16 +771,21 @@ OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 HELP = ("-h", "--help")
 
 # The user's mistakes: a bad key or value, a missing model, file or checkpoint, malformed data.
-USER_ERRORS = (UserError, BackboneNotFound, ModelMismatch, CheckpointError)
+USER_ERRORS = (UserError, BackboneNotFound, ModelMismatch, CheckpointError, MemoryConfigError)
 
 
 def main(argv: list[str] | None = None) -> int:
+    CLAIMS.clear()  # what an earlier start_run in this process (bench.learning's) made is not this one's
     try:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except USER_ERRORS as err:
+        withdraw()  # a refused start leaves no folder behind
         # One clear line, nothing half-written lost; any other exception is a bug and keeps its traceback.
-        console.print(f"[bold red]error:[/bold red] {err}", highlight=False, soft_wrap=True)
+        # escaped: a message that quotes a list (eval.tasks=[arith]) is not Rich markup
+        console.print(f"[bold red]error:[/bold red] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
+    finally:
+        CLAIMS.clear()  # a run that began, or a bug (its folder kept for the traceback's sake)
 
 
 def _dispatch(args: list[str]) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -46,6 +46,8 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             cfg = compose(config_name=config_name, overrides=list(overrides or []))
         OmegaConf.resolve(cfg)
+    except OverrideParseException as err:  # Hydra's lexer trace: three lines and a caret, no remedy
+        raise SettingError(unreadable_override(err.override)) from err
     except (HydraException, OmegaConfBaseException) as err:  # a misspelt key, a value of the wrong type
         raise SettingError(setting_error_text(err)) from err
     for key, role in cfg.roles.items():
@@ -56,6 +58,17 @@ def compose_config(overrides: list[str] | None = None, config_name: str = "confi
                 f"roles.{key}.name={role.name}: a role is named by its key under roles:; drop name"
             )
     return cfg
+
+
+def unreadable_override(override: str) -> str:
+    """One line for an override Hydra's grammar cannot read (a non-ASCII letter, a space, a bracket or a
+    quote unquoted), with the quoted form that it reads."""
+    key, _, value = override.partition("=")
+    quoted = value.replace("\\", "\\\\").replace("'", "\\'")
+    return (
+        f"{override}: Hydra cannot read this value unquoted (it takes letters beyond ASCII, spaces and brackets "
+        f"only inside quotes): quote it, as {key}='{quoted}' (in a shell: \"{key}='{quoted}'\")"
+    )
 
 
 def setting_error_text(err: BaseException) -> str:

@@ -68,6 +68,14 @@ class EvalSettings:
     write_lessons: bool = False
 
     def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError(
+                "eval.tasks=[] evaluates nothing: name at least one task, e.g. eval.tasks=[arith]"
+            )
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(
+                f"eval.limit={self.limit}: give a number of problems per task >= 1, or null for all"
+            )
         if self.episodes_per_batch < 1:
             raise ValueError(f"eval.episodes_per_batch must be >= 1, got {self.episodes_per_batch}")
         if self.samples < 1:
@@ -83,6 +91,8 @@ class EvalSettings:
 
 
 ALGORITHMS = ("grpo", "dpo")
+# The grpo.advantage estimators whose baseline is the rest of a task's group: a group of one gets 0.
+GROUP_ADVANTAGES = ("grpo", "rloo")
 
 
 @dataclass
@@ -273,6 +283,17 @@ class Config:
             raise ValueError(
                 "grpo.reflection_credit=none leaves reflections out of GRPO's update; train.algorithm=dpo trains "
                 "them as dpo.pairs says: leave reflection out of dpo.pairs, e.g. dpo.pairs=[plan,execute]"
+            )
+        if (
+            self.train.algorithm == "grpo"
+            and self.train.steps > 0
+            and self.train.group_size < 2
+            and self.grpo.advantage in GROUP_ADVANTAGES
+        ):
+            raise ValueError(
+                f"train.group_size={self.train.group_size} with grpo.advantage={self.grpo.advantage}: each "
+                "advantage is taken against the other episodes of its task's group, so a group of one gets 0 "
+                "and the run learns nothing; set train.group_size=2 or more, or grpo.advantage=reinforce_pp"
             )
         if self.planner.name == "mcts" and not any(r.kind == META_THINKER for r in self.roles.values()):
             raise ValueError(

@@ -6,18 +6,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
+
 from memory.embedders import SentenceEmbedder
 from memory.settings import open_memory
 from memory.types import Memory
 from meta_agent.env.rollout import env_tools
 from meta_agent.episode.chat import ChatFormat
 from meta_agent.episode.runner import EpisodeFactory
-from meta_agent.errors import MissingFile, SettingError
+from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.settings import Config, RoleConfig
 from meta_agent.tasks import grade_task
 from tools import TOOL_NAMES, PythonSandbox, SandboxUnavailable, default_registry
 from tools.registry import ToolRegistry
-from training.backbone import ADAPTER_WEIGHTS, Backbone
+from training.backbone import ADAPTER_WEIGHTS, Backbone, first_mismatch
 from training.checkpoint import ADAPTERS_DIR, CHECKPOINTS_DIR, latest_checkpoint
 from training.distributed import Ranks
 from training.generation import make_backend
@@ -58,26 +60,40 @@ class System:
             self.backbone.close()
 
 
-def adapters_folder(value: str, roles: Sequence[str]) -> Path:
-    """The folder of `<role>/` adapters that `adapters=value` names, holding one for every role.
+def adapters_folder(value: str, roles: Sequence[str], key: str = "adapters") -> Path:
+    """The folder of `<role>/` adapters that `key=value` names, holding a readable one for every role.
 
     `value` is such a folder (runs/X/checkpoints/sft-best), a checkpoint (its adapters/), a
     checkpoints folder or a run folder (the newest complete checkpoint's adapters/).
     """
     path = Path(value).expanduser()
     if not path.is_dir():
-        raise MissingFile(f"adapters={value} does not exist: {ADAPTERS_HELP}")
+        raise MissingFile(f"{key}={value} does not exist: {ADAPTERS_HELP}")
     folder = _find_adapters(path)
     if folder is None:
-        raise MissingFile(f"adapters={value} holds no saved role adapters: {ADAPTERS_HELP}")
+        raise MissingFile(f"{key}={value} holds no saved role adapters: {ADAPTERS_HELP}")
     found = sorted(p.name for p in folder.iterdir() if (p / ADAPTER_WEIGHTS).is_file())
     missing = [role for role in roles if role not in found]
     if missing:
         raise MissingFile(
-            f"adapters={value}: {folder} has no adapter for role(s) {', '.join(missing)} (it has "
+            f"{key}={value}: {folder} has no adapter for role(s) {', '.join(missing)} (it has "
             f"{', '.join(found) or 'none'}): use adapters saved by a run with the same roles, or pick those roles=..."
         )
+    for role in roles:
+        check_weights_file(folder / role / ADAPTER_WEIGHTS, key, value)
     return folder
+
+
+def check_weights_file(path: Path, key: str, value: str) -> None:
+    """A safetensors file whose header and size agree (a cut-short copy fails here, before any load)."""
+    try:
+        with safe_open(path, "pt"):
+            pass
+    except (SafetensorError, OSError) as err:
+        raise BadData(
+            f"{key}={value}: {path} cannot be read ({err}): it is damaged or was cut short; copy it again or "
+            "pass another checkpoint"
+        ) from None
 
 
 def _find_adapters(path: Path) -> Path | None:
@@ -99,7 +115,7 @@ def load_saved_adapters(backbone: Backbone, folder: Path, slots: Mapping[str, st
         backbone.load_adapters(folder, slots)
     except RuntimeError as err:  # size mismatch: saved with another rank or other target modules
         raise SettingError(
-            f"the adapters in {folder} do not fit the configured ones ({err}): pass the experiment= the run "
+            f"the adapters in {folder} do not fit the configured ones ({first_mismatch(err)}): pass the experiment= the run "
             "was trained with (e.g. experiment=arith_hierarchy), or its roles.<role>.adapter settings (r, "
             "target_modules, top_layers)"
         ) from err

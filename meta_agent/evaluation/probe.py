@@ -74,9 +74,18 @@ def load_mixed_adapters(system: System, settings: ProbeSettings, base: str | Non
     slots = mixed_slots([r.name for r in system.roles])
     for role, source in sources.items():
         if source is not None:  # else the slot stays fresh (lora_B = 0): the same function as a fresh role
-            load_saved_adapters(system.backbone, adapters_folder(source, [role]), {slots[role]: role})
+            folder = adapters_folder(source, [role], mixed_source_key(settings, source, role == meta.name))
+            load_saved_adapters(system.backbone, folder, {slots[role]: role})
     used = settings.executors_from or base or "fresh adapters"
     return f"the meta-thinker of {sources[meta.name] or 'fresh adapters'} with the executors of {used}"
+
+
+def mixed_source_key(settings: ProbeSettings, source: str, for_meta_thinker: bool) -> str:
+    """The key that named `source`, the adapters of one side of the mixed arm."""
+    own = settings.meta_thinker_from if for_meta_thinker else settings.executors_from
+    if own == source:
+        return "probe.meta_thinker_from" if for_meta_thinker else "probe.executors_from"
+    return "adapters"
 
 
 def generate_plans(system: System, episodes: Sequence[Episode], *, seed: int, temperature: float | None):

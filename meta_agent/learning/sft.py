@@ -26,6 +26,7 @@ from meta_agent.system import System, policy_trainer
 from meta_agent.tasks import next_tasks
 from roles import meta_thinker
 from training.distributed import Ranks
+from training.model_files import context_window
 from training.run_log import RunLog
 from training.types import Turn
 
@@ -40,7 +41,8 @@ def sft_turns(cfg: Config, system: System) -> list[Turn]:
     path = demo_path(cfg.sft.source)
     if path is not None:
         vocab = len(system.chat.tokenizer)
-        turns = read_demos(path, roles=[r.name for r in system.roles], vocab_size=vocab)
+        context = context_window(getattr(system.backbone.model, "config", None))
+        turns = read_demos(path, roles=[r.name for r in system.roles], vocab_size=vocab, context=context)
         console.print(f"sft: {len(turns)} demonstration turns from {path}")
         return turns
     return training_turns(generate_demos(cfg, system), last_reflections=True)

@@ -39,6 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from meta_agent.analysis.metrics import rollout_metrics
 from meta_agent.analysis.reflection import defined, reflected, reflection_metrics
 from meta_agent.config import commented_yaml, hparams
+from meta_agent.demos.build import demo_path
 from meta_agent.env.rollout import check_env_settings, env_accuracy, env_episodes, env_maker
 from meta_agent.episode.protocol import Episode
 from meta_agent.episode.reward import score
@@ -61,6 +62,7 @@ from training.grpo import GAE, trainable_turns
 from training.preference import PreferencePair, PreferenceSettings
 from training.run_log import RunLog
 from training.trainer import PolicyTrainer
+from training.types import Turn
 
 console = Console()
 # In the checkpoints folder: the adapters the stage began with, its loss's reference (DPO's; GRPO's KL with
@@ -82,8 +84,14 @@ class Stage:
     memory_max_id: int = 0  # newest memory entry at the checkpoint; later writes are undone on resume
 
 
-def train(cfg: Config, run_dir: Path, ranks: Ranks | None = None) -> dict[str, float]:
-    """Train as `cfg` says, writing into `run_dir`; returns the held-out accuracies and the budget used."""
+def train(
+    cfg: Config, run_dir: Path, ranks: Ranks | None = None, on_start: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Train as `cfg` says, writing into `run_dir`; returns the held-out accuracies and the budget used.
+
+    Every check (the env's settings, a resumed checkpoint that must fit these settings) passes before the
+    run writes anything: `on_start` is called then, once (`meta-agent train` writes the resumed run's
+    config.yaml there), and only then the event files, logs and traces."""
     if ranks is None:  # as `meta-agent train` does: this process's rank, on its own device
         cfg, ranks = join(cfg)
     if ranks.size > 1 and cfg.train.tasks_per_step < ranks.size:
@@ -91,47 +99,74 @@ def train(cfg: Config, run_dir: Path, ranks: Ranks | None = None) -> dict[str, f
             f"train.tasks_per_step={cfg.train.tasks_per_step} gives some of the {ranks.size} processes no "
             f"task: set train.tasks_per_step to at least {ranks.size} (a multiple of it splits evenly)"
         )
+    if cfg.train.env:
+        check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
     with rank0_first(ranks):  # rank 0 converts the backbone's cache and creates the memory folder
         system = build_system(cfg, memory_read_only=not ranks.main, ranks=ranks)
-    log = RunLog(run_dir, enabled=ranks.main)
+    log = None
     try:
-        return grpo(cfg, run_dir, ranks, system, log)
+        make_env = None
+        if cfg.train.env:  # the env gets the run's own registry and special tokens
+            provided = {"registry": system.registry, "special_tokens": system.chat.special_tokens}
+            make_env = env_maker(cfg.train.env, cfg.train.env_args, provided)
+        resumed = resume_state(cfg, system, ranks) if cfg.resume else None
+        # a demonstrations file is read before the run starts too (a generator's are played after)
+        from_file = resumed is None and cfg.sft.enabled and demo_path(cfg.sft.source) is not None
+        demos = sft_turns(cfg, system) if from_file else None
+        if on_start is not None:
+            on_start()
+        log = RunLog(run_dir, enabled=ranks.main)
+        return grpo(cfg, run_dir, ranks, system, log, make_env, resumed, demos)
     finally:  # also when the run raises: the event files keep what was logged, the vLLM engine stops
-        log.close()
+        if log is not None:
+            log.close()
         system.close()
 
 
-def grpo(cfg: Config, run_dir: Path, ranks: Ranks, system: System, log: RunLog) -> dict[str, float]:
-    """SFT (if enabled and not resuming), then the GRPO loop, on a built system."""
+def resume_state(cfg: Config, system: System, ranks: Ranks) -> tuple[PolicyTrainer, Stage]:
+    """The trainer and stage of `cfg.resume`'s checkpoint, loaded: adapters, optimizer, scheduler, RNG, data
+    position, step. A checkpoint these settings cannot continue is refused here, before anything is written."""
+    trainer = policy_trainer(cfg, system, ranks)
+    state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
+    if state.stage not in ("sft", cfg.train.algorithm):
+        raise SettingError(
+            f"{cfg.resume} was trained with train.algorithm={state.stage}: resume it with that (meta-agent "
+            f"{'dpo' if state.stage == 'dpo' else 'train'}), or start a new run from its adapters with adapters=..."
+        )
+    return trainer, state
+
+
+def grpo(
+    cfg: Config,
+    run_dir: Path,
+    ranks: Ranks,
+    system: System,
+    log: RunLog,
+    make_env: Callable[[], AECEnv] | None = None,
+    resumed: tuple[PolicyTrainer, Stage] | None = None,
+    demos: list[Turn] | None = None,
+) -> dict[str, float]:
+    """SFT (if enabled and not resuming), then the GRPO loop, on a built system; `resumed`: the trainer and
+    stage resume_state loaded; `demos`: SFT's turns where already read (else sft_turns reads them)."""
     traces = TraceWriter(run_dir / "traces.jsonl") if ranks.main else None
     ckpt_root = run_dir / CHECKPOINTS_DIR
     pool = cfg.tasks(cfg.train.task, "train", cfg.train.pool)
     test = {cfg.train.eval_task: cfg.tasks(cfg.train.eval_task, "test", cfg.train.eval_limit)}
-    if not cfg.train.env:
-        make_env = None
+    if make_env is None:
         evaluate = partial(held_out_accuracy, system, test, cfg.eval, cfg.seed, ranks)
     else:  # the rollouts and the test tasks played through the env
-        check_env_settings(cfg.train.algorithm, cfg.grpo.reflection_credit)
-        provided = {"registry": system.registry, "special_tokens": system.chat.special_tokens}
-        make_env = env_maker(cfg.train.env, cfg.train.env_args, provided)
         drain = system.backbone.lockstep.drain
         evaluate = partial(
             env_accuracy, make_env, system.factory, system.backend, test, cfg.seed, ranks, drain
         )
     evaluate = forgetting(evaluate, system.backend)
-    if cfg.resume:  # exactly where it stopped: adapters, optimizer, scheduler, RNG, data position, step
-        trainer = policy_trainer(cfg, system, ranks)
-        state = Stage(**load_checkpoint(resolve_resume(cfg.resume), trainer)[1]["stage"])
-        if state.stage not in ("sft", cfg.train.algorithm):
-            raise SettingError(
-                f"{cfg.resume} was trained with train.algorithm={state.stage}: resume it with that (meta-agent "
-                f"{'dpo' if state.stage == 'dpo' else 'train'}), or start a new run from its adapters with adapters=..."
-            )
+    if resumed is not None:
+        trainer, state = resumed
         # Lessons committed after the checkpoint belong to steps that will be played again.
         rollback_memory(system.memory, state.memory_max_id, ranks, private=system.memory_private)
         console.print(f"resumed from {cfg.resume} at step {state.step}")
     else:
-        state = warm_start(cfg, system, log, evaluate, ckpt_root, ranks)
+        state = warm_start(cfg, system, log, evaluate, ckpt_root, ranks, demos)
         trainer = policy_trainer(cfg, system, ranks)
     accuracy = state.sft_accuracy if state.sft_accuracy is not None else state.base_accuracy
     executor = executors(system.roles)[0].name
@@ -232,12 +267,19 @@ def assign_credit(cfg: Config, trainer: PolicyTrainer, episodes: list[Episode]) 
 
 
 def warm_start(
-    cfg: Config, system: System, log: RunLog, evaluate: Callable[[], float], ckpt_root: Path, ranks: Ranks
+    cfg: Config,
+    system: System,
+    log: RunLog,
+    evaluate: Callable[[], float],
+    ckpt_root: Path,
+    ranks: Ranks,
+    demos: list[Turn] | None = None,
 ) -> Stage:
     """A fresh run's start: held-out accuracy untrained (when `train.eval_base`), then the SFT stage when
-    `sft.enabled`."""
+    `sft.enabled`, on `demos` where given."""
     state = Stage(stage="sft" if cfg.sft.enabled else cfg.train.algorithm)
-    demos = sft_turns(cfg, system) if cfg.sft.enabled else []  # before evaluating: a bad file fails at once
+    if demos is None:  # before evaluating: a generator that makes none fails at once
+        demos = sft_turns(cfg, system) if cfg.sft.enabled else []
     if cfg.train.eval_base:
         state.base_accuracy = evaluate()
         log.scalars({"eval/accuracy": state.base_accuracy}, 0)

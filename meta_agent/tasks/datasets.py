@@ -45,12 +45,15 @@ KNOWN_TASKS: Mapping[str, tuple[str, ...]] = {
     "humaneval": ("test",),  # Python functions graded by unit tests in the sandbox, see code.py
     "pyfunc": ("train", "test"),  # generated small functions with hidden tests, see pyfunc.py
     "countdown": ("train", "test"),  # generated: reach a target from given numbers, see countdown.py
+    "countdown3": ("train", "test"),  # the same, three numbers each: the default experiment's task
     "countdown_tinyzero": ("test",),  # TinyZero's Countdown test set, stored; graded as countdown
 }
 
 # How many arith (and countdown) tasks `load_tasks` generates when no limit is given: enough for a
 # training run, and an eval set whose accuracy has a ~2-point standard error.
 ARITH_DEFAULT_SIZE = {"train": 5000, "test": 500}
+# Generated Countdown families -> how many numbers a problem gives (None: 3 or 4 at even odds).
+COUNTDOWN_SIZES = {"countdown": None, "countdown3": 3}
 PYFUNC_ALL = 100_000  # more than either pyfunc split holds (about 1,400 and 350): all of it
 
 
@@ -87,9 +90,10 @@ def load_tasks(
         return make_arith_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
     if name == "arith_distract":
         return make_distract_tasks(split, ARITH_DEFAULT_SIZE[split] if limit is None else limit, seed=seed)
-    if name == "countdown":  # its train split leaves out the problems of countdown_tinyzero's file
-        size = ARITH_DEFAULT_SIZE[split] if limit is None else limit
-        return make_countdown_tasks(split, size, seed=seed, data_dir=resolve_data_dir(data_dir))
+    if name in COUNTDOWN_SIZES:  # the train split leaves out the problems of countdown_tinyzero's file
+        n = ARITH_DEFAULT_SIZE[split] if limit is None else limit
+        data = resolve_data_dir(data_dir)
+        return make_countdown_tasks(split, n, seed=seed, size=COUNTDOWN_SIZES[name], data_dir=data)
     if name == "humaneval":
         return load_humaneval(limit)
     if name == "pyfunc":  # without a limit: the whole split (about 1,400 train and 350 test problems)

@@ -15,6 +15,7 @@ import functools
 import math
 import re
 import threading
+from decimal import Decimal
 
 import sympy
 from math_verify import parse, verify
@@ -60,12 +61,12 @@ def grade(prediction: str, answer: str) -> bool:
         return False
     timeout = _timeout_seconds()
     try:
-        gold = _parse_gold(answer.strip(), timeout)
+        gold = _parse_gold(plain_decimals(answer.strip()), timeout)
         if not gold:
             return False
         return any(
             _matches(gold, pred, timeout)
-            for pred in _parse_prediction(prediction[-MAX_PREDICTION_CHARS:], timeout)
+            for pred in _parse_prediction(plain_decimals(prediction[-MAX_PREDICTION_CHARS:]), timeout)
         )
     # TimeoutException derives from BaseException, so it needs naming; anything else a broken
     # prediction can trigger inside SymPy (RecursionError, ValueError, ...) is an Exception.
@@ -78,6 +79,8 @@ def grade(prediction: str, answer: str) -> bool:
 _NUMBER = re.compile(
     r"(?:(?<![\w.])[-+])?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)"
 )
+# A number in E notation ("1e3", "2.5E-4"), which math-verify reads as its mantissa alone
+_E_NOTATION = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?|\.\d+)[eE]([-+]?\d{1,4})(?![\w.])")
 NUMERIC_REL_TOL = 1e-6  # grader "numeric": how far from the gold number an answer may be, relatively
 
 
@@ -110,6 +113,18 @@ def last_number(text: str) -> float | None:
         return None
     value = float(found[-1].replace(",", ""))
     return value if math.isfinite(value) else None
+
+
+def plain_decimals(text: str) -> str:
+    """`text` with each number in E notation written out: "#### 1e3" -> "#### 1000", "2.5E-4" ->
+    "0.00025". Exponents beyond MAX_DIGITS stay as written (and so grade wrong)."""
+
+    def written_out(match: re.Match) -> str:
+        if abs(int(match[2])) > MAX_DIGITS:
+            return match[0]
+        return format(Decimal(match[0]).normalize(), "f")
+
+    return _E_NOTATION.sub(written_out, text)
 
 
 def extract_gsm8k_answer(solution_text: str) -> str | None:

@@ -1,18 +1,27 @@
 """Several writers, one memory folder: every entry is tagged with its writer, concurrent writers lose
-nothing and raise nothing after a commit, and a resume undoes only its own run's entries."""
+nothing and raise nothing after a commit, a resume undoes only its own run's entries, and a reopen
+removes the temporary index files of writers killed mid-write (never a live writer's)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from memory.embedders import HashingEmbedder
-from memory.store import SQLITE_FILE, FaissMemory, enable_wal
+from memory.store import INDEX_FILE, SQLITE_FILE, FaissMemory, enable_wal
 from meta_agent.rank_protocol import rollback_memory
 from training.distributed import Ranks
 
@@ -109,3 +118,50 @@ def test_a_folder_from_before_writers_opens_and_keeps_its_entries(tmp_path, hash
         new = memory.add("a new lesson")
         assert memory.ids(writer="runs/new") == [new] and memory.ids(writer="") == [hit.entry.id]
     assert np.isclose(hit.relevance, 1.0, atol=1e-5)
+
+
+_KILLED_MID_WRITE = textwrap.dedent(
+    """
+    import os, signal, sys
+    import faiss
+    from memory.embedders import HashingEmbedder
+    from memory.store import FaissMemory
+
+    def write_half(index, path):  # the writer dies with half an index in its temporary file
+        with open(path, "wb") as f:
+            f.write(b"\\0" * 4096)
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    memory = FaissMemory(sys.argv[1], HashingEmbedder(384), flush_every=1)
+    faiss.write_index = write_half
+    memory.add("a lesson whose index write is cut short")
+    """
+)
+
+
+def test_reopening_removes_the_temporary_index_files_of_killed_writers(tmp_path, hashing):
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, "-c", _KILLED_MID_WRITE, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        # what the killed writer left; the second writer's open removed the first's
+        assert len(list(tmp_path.glob(f".{INDEX_FILE}.*.tmp"))) == 1
+    with FaissMemory(tmp_path, hashing) as memory:
+        assert len(memory) == 2  # both adds were committed before the index write
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_reopening_keeps_the_temporary_file_a_live_writer_is_writing(tmp_path, hashing):
+    FaissMemory(tmp_path, hashing).close()
+    fd, tmp = tempfile.mkstemp(dir=tmp_path, prefix=f".{INDEX_FILE}.", suffix=".tmp")
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as write_index_atomic holds it while writing
+    FaissMemory(tmp_path, hashing).close()
+    assert Path(tmp).is_file()
+    os.close(fd)  # the writer is gone without renaming it
+    FaissMemory(tmp_path, hashing).close()
+    assert not Path(tmp).exists()

@@ -64,6 +64,9 @@ def test_generated_problems_are_reproducible_and_a_prefix_of_larger_draws() -> N
     assert [t.id for t in make_countdown_tasks("train", 50, seed=8)] != [t.id for t in a]
     assert {len(t.meta["numbers"]) for t in make_countdown_tasks("test", 30, size=4)} == {4}
     assert load_tasks("countdown", "train", limit=50, seed=7) == a
+    three = load_tasks("countdown3", "test", limit=30, seed=7)
+    assert three == make_countdown_tasks("test", 30, seed=7, size=3)
+    assert {len(t.meta["numbers"]) for t in three} == {3}
 
 
 def test_splits_are_disjoint_and_keys_unique_within_a_split() -> None:

@@ -71,7 +71,13 @@ def test_demos_show_both_verdicts_grounded_in_the_check(countdown_demos, chat):
         missed = ep.rounds[0].answer
         value = check_attempt(missed, *map(list, [ep.task.meta["numbers"]]), ep.task.meta["target"]).value
         assert f"{missed} makes {value}, not {ep.task.meta['target']}." in reflection.text
-        assert 'step="1">Start with' in reflection.text
+        assert (
+            'step="1">Start with' in reflection.text and "Start with" not in reflection.text.split("<fix")[0]
+        )
+        fix_start = reflection.text.split("Start with ")[1].split(".")[0]
+        assert not ep.rounds[0].plan.startswith(
+            f"1. Start with {fix_start}."
+        )  # the second try starts elsewhere
         assert not any(ep.turns[0].mask) and not any(ep.turns[1].mask)  # the miss is not taught
 
 
@@ -82,8 +88,14 @@ def test_every_mistake_kind_misses_and_the_start_is_a_leaf_operation():
             tree = mistaken_tree(NUMBERS, TARGET, mistake, rng)
             attempt = check_attempt(format_expr(tree), NUMBERS, TARGET)
             assert not attempt.solves and value_of_exact(tree) != TARGET
-            assert {"value": not attempt.missing, "repeat": bool(attempt.extra_or_repeated)}.get(mistake, True)
+            assert {"value": not attempt.missing, "repeat": bool(attempt.extra_or_repeated)}.get(
+                mistake, True
+            )
             assert mistake != "missing" or len(attempt.missing) == 1
+        avoid = first_operation(tree)
+        assert all(
+            first_operation(mistaken_tree(NUMBERS, TARGET, mistake, rng, avoid)) != avoid for _ in range(20)
+        )
     assert first_operation(("+", 5, ("*", 3, 4))) == ("*", 3, 4)
     assert first_operation(("-", ("+", 1, 2), 7)) == ("+", 1, 2)
 

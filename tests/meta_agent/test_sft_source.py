@@ -94,8 +94,16 @@ def demo_line(role: str = "executor") -> str:
             demo_line().replace("[3, 4]", "[3, 10000000]", 1),
             "demos.jsonl:1: token id 10000000 is outside this model's vocabulary",
         ),
+        (
+            demo_line().replace("[1, 2]", json.dumps([1] * 3000), 1),
+            "demos.jsonl:1: the turn is 3002 tokens, longer than the model's 2048-token context",
+        ),
+        (
+            demo_line().replace("executor", "ex\udce9cutor"),
+            "demos.jsonl:1: byte 0xe9 at column 13 is not UTF-8",
+        ),
     ],
-    ids=["missing", "empty", "malformed", "unknown-role", "token-out-of-range"],
+    ids=["missing", "empty", "malformed", "unknown-role", "token-out-of-range", "beyond-context", "not-utf8"],
 )
 def test_a_bad_demos_file_is_one_clear_error_at_start_up(
     content,
@@ -106,10 +114,11 @@ def test_a_bad_demos_file_is_one_clear_error_at_start_up(
 ):
     path = tmp_path / ("nowhere.jsonl" if content is None else "demos.jsonl")
     if content is not None:
-        path.write_text(content)
+        path.write_bytes(content.encode("utf-8", "surrogateescape"))
     rc = main(
         ["sft", f"model.path={tiny_model_dir}", f"sft.source={path}", f"run_dir={tmp_path / 'run'}", *SFT]
     )
     out = squash(capsys.readouterr().out)
     assert rc == 2 and "error:" in out and squash(message) in out
     assert "held-outaccuracy" not in out, "the file is read before the first evaluation"
+    assert not (tmp_path / "run").exists(), "a refused sft left its run folder"

@@ -43,7 +43,10 @@ def test_penalty_only_groups_keep_their_penalties_own_size():
     group of two; group b (one right, one wrong) is scaled either way (std of [0, 1] with n - 1: 0.707)."""
     rewards, keys, correct = [1.0, 0.8, 0.0, 1.0], ["a", "a", "b", "b"], [True, True, False, True]
     b = [-1 / math.sqrt(2), 1 / math.sqrt(2)]
-    got = {rule: outcome_advantages(rewards, keys, correct, "grpo", penalty_only=rule) for rule in ("unscaled", "scaled", "dropped")}
+    got = {
+        rule: outcome_advantages(rewards, keys, correct, "grpo", penalty_only=rule)
+        for rule in ("unscaled", "scaled", "dropped")
+    }
     assert got["unscaled"] == pytest.approx([0.1, -0.1, *b], abs=1e-4)
     assert got["dropped"] == pytest.approx([0.0, 0.0, *b], abs=1e-4)
     assert got["scaled"] == pytest.approx([1 / math.sqrt(2), -1 / math.sqrt(2), *b], abs=1e-4)
