@@ -11,6 +11,8 @@ import ctypes
 import errno
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -534,33 +536,29 @@ def test_argument_errors_are_bad_calls() -> None:
 def test_a_process_whose_main_thread_exited_is_read_through_a_live_thread() -> None:
     """pthread_exit in the main thread leaves its /proc entries empty while other threads hold the
     memory and files: the count reads a live thread's."""
-    ready_read, ready_write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        import threading
-
-        def hold() -> None:
-            held = bytearray(32 << 20)  # written: resident
-            os.write(ready_write, b"1")
-            time.sleep(60)
-            del held
-
-        threading.Thread(target=hold).start()
-        ctypes.CDLL(None).pthread_exit(None)
-    os.close(ready_write)
-    os.read(ready_read, 1)
-    os.close(ready_read)
+    code = """
+import ctypes, os, threading, time
+def hold():
+    held = bytearray(32 << 20)  # written: resident
+    time.sleep(0.2)  # the main thread is gone by then
+    print("ready", flush=True)
+    time.sleep(60)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+    # A fresh interpreter, not a fork of this one: whatever the test process has loaded stays out of it.
+    holder = subprocess.Popen([sys.executable, "-I", "-c", code], stdout=subprocess.PIPE, text=True)
     proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert _eventually(lambda: live_task(proc, pid) != str(pid))  # the main thread is a zombie
-        where = live_task(proc, pid)
-        assert where.startswith(f"{pid}/task/")
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        where = live_task(proc, holder.pid)
+        assert where.startswith(f"{holder.pid}/task/")  # the main thread is a zombie
         assert process_memory(proc, where) >= 32 << 20
-        assert process_memory(proc, str(pid)) < 32 << 20  # what a count of the pid alone would see
+        assert process_memory(proc, str(holder.pid)) < 32 << 20  # what a count of the pid alone would see
     finally:
         os.close(proc)
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
+        holder.kill()
+        holder.wait()
 
 
 def test_a_count_past_its_cpu_time_is_uncountable(tmp_path: Path) -> None:
