@@ -237,6 +237,9 @@ NEUTRAL = {
     "protocol.final_reflection": True,  # the last round's reflection played, as before the setting
     "protocol.attempt_check": False,  # the reflect prompts as they were
     "grpo.penalty_only_groups": "scaled",  # every group's advantages scaled by its std, as before
+    # The python tool's per-call memory total: it stops only programs whose processes together pass
+    # 512 MB, far beyond what the default task's programs use.
+    "tools.sandbox.max_total_memory_mb": 512,
 }
 
 

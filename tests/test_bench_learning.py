@@ -282,9 +282,14 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
         "protocol.final_reflection",
         "protocol.attempt_check",
         "grpo.penalty_only_groups",
+        "tools.sandbox.max_total_memory_mb",
     }
     for neutral in ("protocol.final_reflection=true", "protocol.attempt_check=false"):
         assert settings_of("arith_hierarchy", [neutral]) == same
+    # the python tool's per-call memory total came with issue 56: its default, 512 MB, keeps the recorded
+    # seeds' fingerprint; another value is another experiment
+    assert settings_of("arith_hierarchy", ["tools.sandbox.max_total_memory_mb=512"]) == same
+    assert settings_of("arith_hierarchy", ["tools.sandbox.max_total_memory_mb=100"])[1] != same[1]
     assert as_recorded[1] != same[1]  # unscaled, the default now, trains otherwise
     assert settings_of("arith_hierarchy", ["train.drift_turns=0"]) == settings_of("arith_hierarchy", [])
 

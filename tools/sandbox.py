@@ -6,9 +6,12 @@
 `namespaces` (the default) or `landlock` (no namespaces needed; chosen explicitly). The sandbox never
 runs weaker than that: `check()` raises SandboxUnavailable at start-up when the level cannot be had,
 and a call that cannot isolate refuses to run the code. The child supervises the program (deadline,
-every descendant killed and reaped); this side adds what the child cannot do for itself: a backstop
-kill, a cap on the output it reads, a clean environment, stdin closed, and a scratch folder that is
-removed afterwards.
+every descendant killed and reaped; the call's processes together held to `max_total_memory_mb`, its
+files to `max_scratch_mb`, both sampled, and what would hide memory or files from the count refused);
+this side adds what the child cannot do for itself: a backstop kill, a cap on the output it reads, a
+clean environment, stdin closed, and a scratch folder that is removed afterwards. Every limit the
+program meets is said in words at the end of its output (`[memory limit: ...]`, `[disk limit: ...]`,
+`[open files limit: ...]`, ...).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ EXHAUSTION = {
     "can't start new thread": "[process limit: more than {max_processes} processes and threads at once]",
     "Resource temporarily unavailable": "[process limit: more than {max_processes} processes and threads "
     "at once]",
+    # Scratch's tmpfs is full (namespaces level): its bytes, or its files and folders at 4 KB each.
+    "No space left on device": "[disk limit: the program's files took more than {max_scratch_mb} MB]",
+    "File too large": "[file size limit: a file grew past {max_file_mb} MB]",
 }
 ADVICE = {
     "namespaces": (
@@ -67,7 +73,8 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class _Run:
     output: bytes
-    status: str  # the supervisor's line: "exit CODE CPU_S", "timeout", "isolation REASON" or ""
+    status: str  # the supervisor's line: "exit CODE CPU_S", "timeout", "memory BYTES", "written BYTES",
+    # "hidden PID", "uncountable CPU_S", "isolation REASON" or ""
     flooded: bool
 
 
@@ -79,9 +86,15 @@ class SandboxLimits:
     timeout_s: float = 5.0  # wall clock; the program and every descendant are stopped after it
     cpu_s: int = 5  # CPU seconds per process (RLIMIT_CPU)
     memory_mb: int = 256  # address space per process (RLIMIT_AS)
+    # All of a call's processes together (resident, shared pages divided among their sharers), sampled:
+    # without it 64 processes x memory_mb could take 16 GB; 512 leaves a 24 GB machine to training.
+    max_total_memory_mb: int = 512
     max_output_chars: int = 2000  # what the agent sees of the output; head and tail are kept
     max_file_mb: int = 8  # size of one written file (RLIMIT_FSIZE), and of the private /dev/shm
-    max_scratch_mb: int = 64  # all files in the scratch folder together (namespaces level)
+    # All the files a call writes together, each file or folder 4 KB at least: scratch (a tmpfs of this
+    # size at the namespaces level; the host folder, sampled, at the landlock level) and files held
+    # without a name, open or mapped (sampled, both).
+    max_scratch_mb: int = 64
     max_code_chars: int = 20_000  # longest program accepted (it travels as one argv entry)
     max_processes: int = 64  # processes the program may have at once (RLIMIT_NPROC)
     max_open_files: int = 64  # RLIMIT_NOFILE
@@ -113,7 +126,7 @@ class PythonSandbox:
             '{"code": str}: runs a Python 3 program (standard library only) and returns what it '
             f"prints; no network, files only in its working folder, limits {self.limits.timeout_s:g} s "
             f"and {self.limits.memory_mb} MB"
-        )
+        )  # unchanged by the per-call totals: prompts, and the adapters trained on them, stay the same
         object.__setattr__(self, "description", description)
 
     def check(self) -> None:
@@ -154,6 +167,7 @@ class PythonSandbox:
             "timeout_ms": int(self.limits.timeout_s * 1000),
             "cpu_s": self.limits.cpu_s,
             "memory_bytes": self.limits.memory_mb << 20,
+            "total_memory_bytes": self.limits.max_total_memory_mb << 20,
             "file_bytes": self.limits.max_file_mb << 20,
             "scratch_bytes": self.limits.max_scratch_mb << 20,
             "max_files": self.limits.max_open_files,
@@ -203,6 +217,29 @@ class PythonSandbox:
             if any(marker in _last_lines(text) for marker in MEMORY_MARKERS):  # stuck where memory ran out
                 note = f"[memory limit: more than {self.limits.memory_mb} MB; then stuck, stopped]"
             return self._finish(text, note, TIMEOUT)
+        if status.startswith("memory "):
+            note = (
+                f"[memory limit: the program's processes together used more than "
+                f"{self.limits.max_total_memory_mb} MB; stopped]"
+            )
+            return self._finish(text, note, MEMORY_EXCEEDED)
+        if status.startswith("written "):
+            note = (
+                f"[disk limit: the program's files took more than {self.limits.max_scratch_mb} MB; stopped]"
+            )
+            return self._finish(text, note, FAILED)
+        if status.startswith("hidden "):
+            note = (
+                "[sandbox: a process of the program made itself impossible to inspect (not dumpable), so "
+                "its memory and files could not be counted; stopped]"
+            )
+            return self._finish(text, note, FAILED)
+        if status.startswith("uncountable "):
+            note = (
+                "[sandbox: the program's processes and files took too long to count (thousands of memory "
+                "mappings or files); stopped]"
+            )
+            return self._finish(text, note, FAILED)
         if status.startswith("isolation "):
             note = f"[sandbox: cannot isolate at level {self.limits.isolation} ({status[10:]}); not run]"
             return self._finish("", note, FAILED)

@@ -4,12 +4,17 @@ Started by tools/sandbox.py, never imported by the product (a test borrows `secc
 
     python -I -S -u -B sandbox_child.py LEVEL SCRATCH LIMITS STATUS_FD CODE
 
-LIMITS is `timeout_ms=5000,cpu_s=5,memory_bytes=...,file_bytes=...,scratch_bytes=...,max_files=64,
-max_processes=64`. Only the standard library is imported, and only cheap modules, because every call
-pays for them. The supervisor owns the wall-clock deadline and reports one line on STATUS_FD:
+LIMITS is `timeout_ms=5000,cpu_s=5,memory_bytes=...,total_memory_bytes=...,file_bytes=...,
+scratch_bytes=...,max_files=64,max_processes=64`. Only the standard library is imported, and only cheap
+modules, because every call pays for them. The supervisor owns the wall-clock deadline and the call's
+totals, and reports one line on STATUS_FD:
 
     exit CODE CPU_S      the program ended (CODE < 0: killed by that signal); CPU_S its CPU time
     timeout              still running at the deadline: stopped, every descendant with it
+    memory BYTES         its processes together held more than total_memory_bytes: stopped, all of them
+    written BYTES        its files together took more than scratch_bytes: stopped, all its processes
+    hidden PID           a process of the call may not be inspected, so its totals cannot be: stopped
+    uncountable CPU_S    one count of the totals took more than CPU_S of CPU time: stopped
     isolation REASON     a layer of the chosen level could not be set up: the program never ran
 
 The program closes STATUS_FD before its first line runs, so it cannot write that line itself. On
@@ -35,8 +40,35 @@ process count is the call's alone, and no root-only file can be read; at the lan
 that only root may enter, an interpreter under /root, is reached through a descriptor opened before),
 and a non-root user keeps its uid without capabilities; no new privileges; and python guards that turn
 a socket or a write outside scratch into a readable PermissionError (easy to bypass, the layers above
-are what hold). Not bounded per call yet: the processes' memory together (each has `memory_bytes`), and
-at the landlock level the bytes written to scratch (each file has `file_bytes`).
+are what hold).
+
+Per call, at both levels, the supervisor counts two totals every SAMPLE_S (through the host's /proc,
+opened before any pivot and never left to the program) and stops the program past either:
+- memory: the proportional memory, resident or swapped out, of every process below the supervisor (a
+  page shared by n processes counts 1/n in each), against total_memory_bytes;
+- files, against scratch_bytes: at the namespaces level the two tmpfs, scratch (size scratch_bytes,
+  one inode per BLOCK of it) and /dev/shm (file_bytes), which the kernel bounds exactly and whose use
+  statvfs reads, deleted files included; at the landlock level a walk of scratch (the host's folder,
+  the only one Landlock lets it write), each inode once and at least BLOCK, so empty files count; at
+  both, the files its processes hold without a name elsewhere (memfds; deleted files at the landlock
+  level), open (their blocks) or mapped with the descriptor closed (their blocks where root may read
+  /proc/PID/map_files, else file_bytes each). At the landlock level the files are counted once more
+  when the program ends.
+So that nothing escapes /proc, seccomp refuses at both levels new namespaces (unshare, setns, clone
+with a namespace flag; clone3 says ENOSYS, so glibc uses clone), a thread without its process's fd
+table, descriptors sent over a unix socket (sendmsg), io_uring, System V IPC, POSIX message queues and
+BPF; a process whose main thread has exited is read through a live thread; a process the supervisor
+may not read (not dumpable) stops the call (`hidden`), and so does a count that costs more than
+SAMPLE_CPU_S (`uncountable`: thousands of mappings make /proc slow to read).
+Being sampled, a total is overshot by what the processes allocate or write between two samples
+(SAMPLE_S apart, or twice as long as the last sample took, whose CPU time is at most SAMPLE_CPU_S,
+plus however long a busy machine keeps the supervisor waiting for a CPU): on a busy 2-core machine, 6
+processes allocating 200 MB each were stopped at 525-846 MB against 512 MB, 30 files of 8 MB at 66-72
+MB against 64 MB (the namespaces level's tmpfs stops them at 64 MB exactly). The kernel's own hard
+bounds stay: memory_bytes per process (RLIMIT_AS) for max_processes processes (RLIMIT_NPROC), and
+file_bytes per file. Not counted: the kernel's own memory for the program (pipe buffers, within the
+per-user pipe-user-pages-soft; unix socket buffers, up to net.core.wmem_max each; page tables); and a
+child made by vfork shares its parent's pages until it execs, which counts them twice.
 """
 
 import builtins
@@ -60,10 +92,20 @@ MS_PRIVATE, MS_RELATIME = 0x40000, 0x200000
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 36, 38, 22
+PF_EXITING = 0x4  # a task's flag in /proc/PID/stat
 SECCOMP_MODE_FILTER = 2
 # A uid of its own for each call where root runs the program: far above any real account.
 UID_BASE = 1_900_000_000
 ISOLATION_FAILED = 125
+# How often the supervisor totals the call's memory and files (or twice as long as the last total took):
+# a program overshoots a total by what its processes allocate or write in between.
+SAMPLE_S = 0.01
+# The most CPU time one total may take before the call is stopped. Measured: under 1 ms for a usual
+# program; 0.05 s for 30 processes with 55 open files each beside 16,000 files in scratch; 0.03-0.05 s
+# for one process with 60,000 memory mappings.
+SAMPLE_CPU_S = 0.25
+BLOCK = 4096  # the least an entry of scratch is counted as (see entry_bytes)
+PAGE = os.sysconf("SC_PAGE_SIZE")
 SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 # Per-mount flags that must be kept when a mount is made read-only (some are locked by the kernel).
@@ -87,7 +129,9 @@ SYSCALLS = {
         "request_key": 249, "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
         "rt_tgsigqueueinfo": 297, "pidfd_send_signal": 424, "setuid": 105, "setgid": 106, "setreuid": 113,
         "setregid": 114, "setresuid": 117, "setresgid": 119, "setfsuid": 122, "setfsgid": 123,
-        "setgroups": 116, "capset": 126,
+        "setgroups": 116, "capset": 126, "clone": 56, "clone3": 435, "sendmsg": 46, "sendmmsg": 307,
+        "mq_open": 240, "shmget": 29, "shmat": 30, "shmctl": 31, "msgget": 68, "msgsnd": 69, "msgrcv": 70,
+        "msgctl": 71, "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220,
     }),
     "aarch64": (0xC00000B7, {
         "socket": 198, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "unshare": 97,
@@ -96,12 +140,25 @@ SYSCALLS = {
         "request_key": 218, "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
         "rt_tgsigqueueinfo": 240, "pidfd_send_signal": 424, "setuid": 146, "setgid": 144, "setreuid": 145,
         "setregid": 143, "setresuid": 147, "setresgid": 149, "setfsuid": 151, "setfsgid": 152,
-        "setgroups": 159, "capset": 91,
+        "setgroups": 159, "capset": 91, "clone": 220, "clone3": 435, "sendmsg": 211, "sendmmsg": 269,
+        "mq_open": 180, "shmget": 194, "shmat": 196, "shmctl": 195, "msgget": 186, "msgsnd": 189,
+        "msgrcv": 188, "msgctl": 187, "semget": 190, "semop": 193, "semctl": 191, "semtimedop": 192,
     }),
 }  # fmt: skip
-ALWAYS_REFUSED = ("socket", "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount",
-                  "umount2", "pivot_root", "chroot", "bpf", "perf_event_open", "userfaultfd",
-                  "io_uring_setup", "keyctl", "add_key", "request_key")  # fmt: skip
+# Refused at both levels: what would hold memory or files where no total sees them. Nested namespaces
+# (a tmpfs of the program's own), file descriptors in flight in a unix socket, io_uring's registered
+# files, System V and POSIX message queue memory (in the host's IPC namespace at the landlock level, it
+# outlives the call), BPF maps; unshare also gives a thread an fd table of its own (see seccomp_deny's
+# clone rule).
+TOTALS_REFUSED = ("unshare", "setns", "sendmsg", "sendmmsg", "io_uring_setup", "mq_open", "shmget", "shmat",
+                  "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl",
+                  "semtimedop", "bpf")  # fmt: skip
+ALWAYS_REFUSED = ("socket", "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
+                  "pivot_root", "chroot", "perf_event_open", "userfaultfd", "keyctl", "add_key",
+                  "request_key", *TOTALS_REFUSED)  # fmt: skip
+# clone() flags seccomp_deny's clone rule refuses: every new namespace (CLONE_NEWNS ... CLONE_NEWNET).
+CLONE_NAMESPACES = 0x7E020000
+CLONE_THREAD, CLONE_FILES = 0x00010000, 0x00000400
 SIGNAL_CALLS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_send_signal")
 # Landlock: filesystem rights by ABI version (1: 13 rights, 2: +REFER, 3: +TRUNCATE, 5: +IOCTL_DEV).
 LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
@@ -235,7 +292,8 @@ def build_root(scratch: str, limits: dict[str, int], owner: int | None) -> None:
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
         os.symlink(target, f"{dev}/{name}")
     os.mkdir(f"{dev}/shm")  # multiprocessing needs it; a private, small one is harmless
-    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={limits['file_bytes']}")
+    shm = f"mode=1777,size={limits['file_bytes']},nr_inodes={inodes(limits['file_bytes'])}"
+    mount("tmpfs", f"{dev}/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm)
     os.mkdir(new_root + "/proc")
     # This namespace's processes only. Mounted before the pivot: a user namespace may mount proc only
     # while a full proc is visible in its mount namespace.
@@ -243,8 +301,10 @@ def build_root(scratch: str, limits: dict[str, int], owner: int | None) -> None:
     os.makedirs(new_root + "/tmp", mode=0o755)
     inner = new_root + scratch
     os.makedirs(inner, mode=0o700)
-    options = f"mode=700,size={limits['scratch_bytes']}" + (f",uid={owner},gid={owner}" if owner else "")
-    # RLIMIT_FSIZE bounds one file, this bounds them all; it vanishes with the namespace.
+    options = f"mode=700,size={limits['scratch_bytes']},nr_inodes={inodes(limits['scratch_bytes'])}"
+    options += f",uid={owner},gid={owner}" if owner else ""
+    # RLIMIT_FSIZE bounds one file, this bounds them all (bytes, and entries as the landlock level counts
+    # them, BLOCK each at least); it vanishes with the namespace.
     mount("tmpfs", inner, "tmpfs", MS_NOSUID | MS_NODEV, options)
     writable = (inner, f"{dev}/shm", new_root + "/proc", *(f"{dev}/{n}" for n in DEVICES))
     for point, kept in mount_points():
@@ -257,6 +317,11 @@ def build_root(scratch: str, limits: dict[str, int], owner: int | None) -> None:
     if libc.umount2(b".", MNT_DETACH) != 0:  # the host's tree is gone from this namespace
         raise fail("detaching the host's root")
     os.chdir(scratch)
+
+
+def inodes(size: int) -> int:
+    """A tmpfs's most files and folders: as many as `size` holds at BLOCK each (see entry_bytes)."""
+    return max(size // BLOCK, 16)
 
 
 def bind(source: str, target: str) -> None:
@@ -329,25 +394,58 @@ def restrict_files(scratch: str, abi: int) -> None:
     os.close(ruleset)
 
 
-def seccomp_deny(names: tuple[str, ...]) -> None:
+def seccomp_deny(names: tuple[str, ...], guard_clone: bool = False) -> None:
     """Installs a seccomp filter: the named syscalls fail with EPERM; foreign ABIs kill the process.
+    With `guard_clone`, clone() fails with EPERM for a new namespace or for a thread without the fd
+    table of its process (so /proc/PID/fd shows every descriptor), and clone3 with ENOSYS (its flags lie
+    in memory a filter cannot read; ENOSYS makes glibc fall back to clone).
 
-    Needs no privilege once no_new_privs is set (done here too). Used by the landlock level, and by
-    the tests to make a machine that refuses `unshare`.
+    Needs no privilege once no_new_privs is set (done here too). Used by both levels, and by the tests
+    to make a machine that refuses `unshare`.
     """
     arch, table = SYSCALLS[os.uname().machine]
-    load = lambda offset: (0x20, 0, 0, offset)  # noqa: E731 - BPF_LD|BPF_W|BPF_ABS
-    deny, allow, kill = 0x00050000 | errno.EPERM, 0x7FFF0000, 0x80000000
-    numbers = [table[name] for name in names]
-    program = [load(4), (0x15, 1, 0, arch), (0x06, 0, 0, kill), load(0)]
+    deny, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    allow, kill = 0x7FFF0000, 0x80000000
+    # (code, jump if true, jump if false, k); a jump is a label, resolved below (BPF jumps forward only).
+    program: list[tuple[int, object, object, int]] = [
+        (0x20, 0, 0, 4),  # BPF_LD | BPF_W | BPF_ABS: the architecture
+        (0x15, 1, 0, arch),
+        (0x06, 0, 0, kill),  # BPF_RET
+        (0x20, 0, 0, 0),  # the syscall's number
+    ]
     if arch == 0xC000003E:  # x86_64's x32 ABI: the same calls with bit 30 set
-        program.append((0x35, len(numbers) + 1, 0, 0x40000000))  # BPF_JGE: to the deny
-    for i, number in enumerate(numbers):
-        program.append((0x15, len(numbers) - i, 0, number))  # BPF_JEQ: to the deny
-    program += [(0x06, 0, 0, allow), (0x06, 0, 0, deny)]
-    filters = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
+        program.append((0x35, "deny", 0, 0x40000000))  # BPF_JGE
+    program += [(0x15, "deny", 0, table[name]) for name in names]  # BPF_JEQ
+    if guard_clone:
+        program += [(0x15, "enosys", 0, table["clone3"]), (0x15, "clone", 0, table["clone"])]
+    program.append((0x06, 0, 0, allow))
+    if guard_clone:
+        program += [
+            ("clone", None, None, None),
+            (0x20, 0, 0, 16),  # clone's flags: the low word of args[0]
+            (0x45, "deny", 0, CLONE_NAMESPACES),  # BPF_JSET
+            (0x54, 0, 0, CLONE_THREAD | CLONE_FILES),  # BPF_ALU | BPF_AND
+            (0x15, "deny", 0, CLONE_THREAD),
+            (0x06, 0, 0, allow),
+        ]
+    program += [
+        ("deny", None, None, None),
+        (0x06, 0, 0, deny),
+        ("enosys", None, None, None),
+        (0x06, 0, 0, enosys),
+    ]
+    labels, code = {}, []
+    for instruction in program:
+        if isinstance(instruction[0], str):
+            labels[instruction[0]] = len(code)
+        else:
+            code.append(instruction)
+    jump = lambda target, at: labels[target] - at - 1 if isinstance(target, str) else target  # noqa: E731
+    filters = b"".join(
+        struct.pack("HBBI", op, jump(jt, i), jump(jf, i), k) for i, (op, jt, jf, k) in enumerate(code)
+    )
     buffer = ctypes.create_string_buffer(filters)
-    fprog = struct.pack("HxxxxxxP", len(program), ctypes.addressof(buffer))
+    fprog = struct.pack("HxxxxxxP", len(code), ctypes.addressof(buffer))
     if libc.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), 0, 0, 0) != 0:
         raise fail("no_new_privs")
     if libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.c_char_p(fprog), 0, 0) != 0:
@@ -372,23 +470,11 @@ def processes_of(uid: int) -> int:
 
 def children() -> list[int]:
     """This process's children right now, zombies included."""
-    found = []
+    proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-        return found
-    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: read every process's parent
-        me = os.getpid()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
-                            found.append(int(entry))
-                except OSError:
-                    pass
-        return found
+        return children_of(proc, os.getpid())
+    finally:
+        os.close(proc)
 
 
 def sweep() -> None:
@@ -410,27 +496,362 @@ def sweep() -> None:
 # ---------------------------------------------------------------- both levels
 
 
-def wait_until(pid: int, deadline_s: float, stop_fd: int) -> bool:
-    """Waits for `pid` to end, at most until the deadline (monotonic) or a byte on `stop_fd` (the
-    caller's SIGTERM); whether it ended."""
+def read_at(proc: int, path: str) -> bytes:
+    """The whole of a /proc file, `path` relative to the /proc folder open as `proc`."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        parts = []
+        while part := os.read(fd, 1 << 16):
+            parts.append(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def listdir_at(at: int, path: str) -> list[str]:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=at)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def children_of(proc: int, pid: int) -> list[int]:
+    """`pid`'s children right now (its threads' too), zombies included, read through the /proc folder
+    open as `proc` (the host's, whatever root this process has since seen pivoted)."""
+    found = []
+    try:
+        for task in listdir_at(proc, f"{pid}/task"):
+            found += [int(p) for p in read_at(proc, f"{pid}/task/{task}/children").split()]
+        return found
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN (or a thread gone): every process's parent
+        found = []
+        for entry in os.listdir(proc):
+            if entry.isdigit():
+                try:
+                    if int(read_at(proc, f"{entry}/stat").rsplit(b")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+                except (OSError, IndexError, ValueError):
+                    pass  # ended while we looked
+        return found
+
+
+def descendants(proc: int, pid: int) -> list[int]:
+    """Every process below `pid` right now (a process forked or reparented while this walks may be
+    missed until the next walk)."""
+    found, waiting = [], [pid]
+    while waiting:
+        for child in children_of(proc, waiting.pop()):
+            if child not in found:
+                found.append(child)
+                waiting.append(child)
+    return found
+
+
+def pss_bytes(smaps_rollup: bytes) -> int | None:
+    """The proportional memory in the text of /proc/PID/smaps_rollup, in bytes: resident and swapped
+    out (a page shared by n processes counts 1/n in each: forked children are not counted n times; a
+    page pushed to swap still counts); None if absent."""
+    total = None
+    for line in smaps_rollup.splitlines():
+        if line.startswith((b"Pss:", b"SwapPss:")):
+            total = (total or 0) + int(line.split()[1]) * 1024  # the kernel writes kB
+    return total
+
+
+def entry_bytes(blocks: int) -> int:
+    """What one file or folder costs the disk: its 512-byte blocks, and at least BLOCK (so that empty
+    files count, and a walk of scratch stops after limit / BLOCK entries)."""
+    return max(blocks * 512, BLOCK)
+
+
+def over_limit(memory: int, written: int, limits: dict[str, int]) -> str | None:
+    """The status line for a call's total past its limit, or None."""
+    if memory > limits["total_memory_bytes"]:
+        return f"memory {memory}"
+    if written > limits["scratch_bytes"]:
+        return f"written {written}"
+    return None
+
+
+class Hidden(Exception):
+    """A process of the call that the supervisor may not inspect (it made itself not dumpable, or runs
+    a binary it may not read): what it holds cannot be counted, so the call is stopped."""
+
+
+def hidden(proc: int, where: str) -> Hidden | None:
+    """After /proc refused to show `where` (a process, or a thread: see live_task): Hidden, or None
+    where it is ending (the kernel makes an exiting task's /proc entries root's once its memory is gone;
+    its files go next)."""
+    try:
+        fields = read_at(proc, f"{where}/stat").rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING:
+            return None
+    except (OSError, IndexError, ValueError):
+        return None  # gone
+    return Hidden(where)
+
+
+def live_task(proc: int, pid: int) -> str:
+    """Where /proc shows `pid`'s memory and files: its own entry, or a live thread's once its main
+    thread has exited while others run on (pthread_exit): the memory and fd table are all its threads',
+    and an exited main thread's entries show nothing."""
+    try:
+        if read_at(proc, f"{pid}/stat").rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+            return str(pid)
+        for task in listdir_at(proc, f"{pid}/task"):
+            if task != str(pid):
+                return f"{pid}/task/{task}"
+    except (OSError, IndexError):
+        pass  # gone
+    return str(pid)
+
+
+def process_memory(proc: int, where: str) -> int:
+    """The proportional resident memory of the process /proc shows at `where` (see live_task); its
+    resident memory where smaps_rollup is missing; 0 for a process that has ended."""
+    try:
+        pss = pss_bytes(read_at(proc, f"{where}/smaps_rollup"))
+        if pss is not None:
+            return pss
+    except PermissionError:
+        error = hidden(proc, where)
+        if error is not None:
+            raise error from None
+    except OSError:
+        pass
+    try:  # Linux before 4.14: every resident page, shared or not (stricter)
+        return int(read_at(proc, f"{where}/statm").split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def nameless_files(proc: int, where: str, found: dict[tuple[int, int], int], file_bytes: int) -> None:
+    """Adds to `found` ((device, inode) -> bytes) the files that the process /proc shows at `where` (see
+    live_task) holds without a name: deleted files
+    and memfds still take space, and no walk of scratch sees them. Held open: their own blocks. Mapped
+    and closed: their blocks where /proc/PID/map_files may be read (root), else `file_bytes`, the most
+    RLIMIT_FSIZE lets one file hold. (No other hold escapes /proc: seccomp refuses fds in flight in a
+    unix socket, io_uring, and threads with an fd table of their own.)"""
+    try:
+        fds = listdir_at(proc, f"{where}/fd")
+        maps = read_at(proc, f"{where}/maps")
+    except PermissionError:
+        error = hidden(proc, where)
+        if error is not None:
+            raise error from None
+        return
+    except OSError:
+        return  # ended
+    for fd in fds:
+        try:
+            info = os.stat(f"{where}/fd/{fd}", dir_fd=proc)  # follows the link to the open file itself
+        except OSError:
+            continue  # closed meanwhile
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 0:
+            found[(info.st_dev, info.st_ino)] = entry_bytes(info.st_blocks)
+    for line in maps.splitlines():
+        # "START-END PERMS OFFSET MAJOR:MINOR INODE PATH (deleted)"; shared anonymous memory is shown as
+        # a deleted /dev/zero, and its pages are in the process's memory already.
+        if not line.endswith(b" (deleted)") or line.endswith(b" /dev/zero (deleted)"):
+            continue
+        fields = line.split(maxsplit=5)
+        try:
+            major, minor = (int(part, 16) for part in fields[3].split(b":"))
+            key = (os.makedev(major, minor), int(fields[4]))
+        except (IndexError, ValueError):
+            continue
+        if key not in found:
+            try:
+                pid = where.split("/")[0]  # map_files is the process's alone; a thread has none
+                info = os.stat(f"{pid}/map_files/{fields[0].decode()}", dir_fd=proc)
+                found[key] = entry_bytes(info.st_blocks)
+            except OSError:
+                found[key] = file_bytes  # the caps map_files needs are missing, or unmapped meanwhile
+
+
+def folder_bytes(proc: int, path: str, budget: int, until: float = float("inf")) -> int:
+    """What the files and folders under `path` (relative to the /proc folder open as `proc`) take, on
+    its own file system only, each inode once; the walk stops once past `budget` (so it looks at no
+    more than budget / BLOCK entries). Uncountable past `until` (thread_time)."""
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError:
+        return 0  # not there yet (the namespace's root is being built)
+    device = os.fstat(top).st_dev
+    total, seen, folders = 0, set(), [top]
+    try:
+        while folders and total <= budget:
+            folder = folders.pop()
+            try:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        try:
+                            info = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if info.st_dev != device or (info.st_dev, info.st_ino) in seen:
+                            continue  # a mount point, or a hard link already counted
+                        seen.add((info.st_dev, info.st_ino))
+                        if len(seen) % 256 == 0 and thread_time() > until:
+                            raise Uncountable
+                        total += entry_bytes(info.st_blocks)
+                        if stat.S_ISDIR(info.st_mode):
+                            opened = open_folder(proc, folder, entry.name)
+                            if opened is not None:
+                                folders.append(opened)
+                        if total > budget:
+                            break
+            except OSError:
+                pass  # removed meanwhile
+            finally:
+                os.close(folder)
+    finally:
+        for folder in folders:
+            os.close(folder)
+    return total
+
+
+def open_folder(proc: int, parent: int, name: str) -> int | None:
+    """Opens a folder of scratch for the walk; one the program closed to its own uid is opened again
+    (the supervisor runs as that uid, or as root) rather than left uncounted."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except PermissionError:
+        pass
+    except OSError:
+        return None  # removed or replaced meanwhile
+    try:
+        # Through a descriptor that cannot be a link: a folder swapped for a link to outside is not
+        # followed.
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return None
+    try:
+        os.chmod(f"{os.getpid()}/fd/{handle}", 0o700, dir_fd=proc)
+        return os.open(f"{os.getpid()}/fd/{handle}", flags, dir_fd=proc)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+class Uncountable(Exception):
+    """One sample took more than SAMPLE_CPU_S of CPU time."""
+
+
+def thread_time() -> float:
+    import time
+
+    return time.thread_time()
+
+
+def tmpfs_bytes(proc: int, init: int, scratch: str, host_root: tuple[int, int]) -> tuple[int, set[int]]:
+    """At the namespaces level: (bytes, devices) of the call's two tmpfs, scratch and /dev/shm, as the
+    kernel counts them (files deleted but still held included); (0, set()) while init's root is still
+    the host's, `host_root` (device, inode), where those paths name the host's folders."""
+    try:
+        root = os.open(f"{init}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError:
+        return 0, set()  # init has ended
+    try:
+        info = os.fstat(root)
+        if (info.st_dev, info.st_ino) == host_root:
+            return 0, set()
+        used, devices = 0, set()
+        for path in (scratch.lstrip("/"), "dev/shm"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+            except OSError:
+                continue  # not mounted yet
+            try:
+                space = os.fstatvfs(fd)
+                used += (space.f_blocks - space.f_bfree) * space.f_frsize
+                devices.add(os.fstat(fd).st_dev)
+            finally:
+                os.close(fd)
+        return used, devices
+    finally:
+        os.close(root)
+
+
+class Totals:
+    """Counts a call's totals for the supervisor, through the host's /proc (`proc`, opened before any
+    pivot and never left to the program). `seen_from` is the process whose root holds scratch: init at
+    the namespaces level, the supervisor at the landlock level; `host_root` is (device, inode) of the
+    host's root."""
+
+    def __init__(
+        self, proc: int, level: str, seen_from: int, scratch: str, limits: dict[str, int], host_root: tuple
+    ) -> None:
+        self.proc, self.supervisor, self.level, self.seen_from = proc, os.getpid(), level, seen_from
+        self.scratch, self.limits, self.host_root = scratch, limits, host_root
+
+    def now(self, until: float) -> tuple[int, int]:
+        """(memory, written) now: the proportional resident memory of every process below the
+        supervisor; the bytes of its files (at the namespaces level its two tmpfs as the kernel counts
+        them, at the landlock level a walk of scratch), and the files those processes hold without a
+        name elsewhere (memfds, and deleted files at the landlock level). Hidden if a process may not be
+        inspected, Uncountable past `until` (thread_time)."""
+        if self.level == "namespaces":
+            written, counted = tmpfs_bytes(self.proc, self.seen_from, self.scratch, self.host_root)
+        else:
+            folder = f"{self.seen_from}/root{self.scratch}"
+            written, counted = folder_bytes(self.proc, folder, self.limits["scratch_bytes"], until), set()
+        memory, nameless = 0, {}
+        for pid in descendants(self.proc, self.supervisor):
+            if thread_time() > until:
+                raise Uncountable
+            where = live_task(self.proc, pid)
+            memory += process_memory(self.proc, where)
+            nameless_files(self.proc, where, nameless, self.limits["file_bytes"])
+        return memory, written + sum(size for (device, _), size in nameless.items() if device not in counted)
+
+    def check(self) -> str | None:
+        """The status line that stops the call now, or None: a total past its limit, a process hidden
+        from the count, or a count that took more than SAMPLE_CPU_S (thousands of mappings make /proc
+        slow to read: unchecked, a program could stretch the time between samples at will)."""
+        try:
+            return over_limit(*self.now(thread_time() + SAMPLE_CPU_S), self.limits)
+        except Hidden as e:
+            return f"hidden {e}"
+        except Uncountable:
+            return f"uncountable {SAMPLE_CPU_S}"
+
+
+def wait_until(pid: int, deadline_s: float, stop_fd: int, check) -> str | None:
+    """Waits for `pid` to end: None if it did, else what stopped the wait, the line to report:
+    `timeout` at the deadline (monotonic) or on a byte on `stop_fd` (the caller's SIGTERM), or the
+    line `check()` returns (a total past its limit; called every SAMPLE_S at least)."""
     import time
 
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = None
+    ended = lambda: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None  # noqa: E731
+    next_check = time.monotonic()
     try:
         while True:
+            now = time.monotonic()
+            if now >= next_check:
+                if ended():
+                    return None
+                line = check()
+                if line is not None:
+                    return line
+                done = time.monotonic()
+                next_check = done + max(SAMPLE_S, 2 * (done - now))  # the supervisor stays mostly idle
             left = deadline_s - time.monotonic()
             if left <= 0:
-                return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-            ready = select.select(
-                [stop_fd] if fd is None else [fd, stop_fd], [], [], min(left, 0.005) if fd is None else left
-            )[0]
+                return None if ended() else "timeout"
+            wait = min(left, max(next_check - time.monotonic(), 0), 0.005 if fd is None else left)
+            ready = select.select([stop_fd] if fd is None else [fd, stop_fd], [], [], wait)[0]
             if stop_fd in ready:
-                return False
-            if fd in ready or os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
+                return "timeout"
+            if fd in ready or ended():
+                return None
     finally:
         if fd is not None:
             os.close(fd)
@@ -501,6 +922,7 @@ def start_program(
         hidden: dict[str, int] = {}
         if landlock_abi is None:
             become(owner)
+            seccomp_deny(TOTALS_REFUSED, guard_clone=True)
         else:
             if owner is not None:
                 # The call's uid cannot enter a folder that only root may (an interpreter under /root):
@@ -510,7 +932,7 @@ def start_program(
                 os.chown(scratch, owner, owner)
             restrict_files(scratch, landlock_abi)  # before the uid changes: every rule's folder is found
             become(owner)
-            seccomp_deny(ALWAYS_REFUSED + (SIGNAL_CALLS if landlock_abi < 6 else ()))
+            seccomp_deny(ALWAYS_REFUSED + (SIGNAL_CALLS if landlock_abi < 6 else ()), guard_clone=True)
         os.chdir(scratch)
     except (IsolationError, OSError) as e:
         report(status_fd, f"isolation {e}")
@@ -549,40 +971,50 @@ def supervise(level: str, scratch: str, limits: dict[str, int], code: str, statu
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uid, gid = os.getuid(), os.getgid()
     owner = UID_BASE + os.getpid() % 100_000_000 if uid == 0 else None
+    # The host's /proc, for the totals: it stays reachable past init's pivot. Never the program's.
+    proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    host_root = (os.stat("/").st_dev, os.stat("/").st_ino)  # init's pivot moves this process's root too
 
     def forked(start, *args) -> int:
         child = os.fork()
         if child == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.close(stop_read)
-            os.close(stop_write)
+            for fd in (stop_read, stop_write, proc):
+                os.close(fd)
             in_child(start, *args)
         return child
 
     if level == "namespaces":
         enter_namespaces(uid, gid)
         child = forked(run_init, scratch, limits, code, status_fd, owner)
+        seen_from = child  # scratch is the tmpfs that init mounts in its new root
     else:
         abi = landlock_abi()
         if libc.prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0) != 0:
             raise fail("becoming a child subreaper")
         max_processes = limits["max_processes"] + (processes_of(uid) if owner is None else 0)
         child = forked(start_program, scratch, limits, code, status_fd, owner, max_processes, abi)
-    ended = wait_until(child, deadline, stop_read)
+        seen_from = os.getpid()
+    counter = Totals(proc, level, seen_from, scratch, limits, host_root)
+    stopped = wait_until(child, deadline, stop_read, counter.check)
     if level == "namespaces":
         # Init reports the program's status itself; killing init ends the namespace and all in it.
-        if not ended:
-            report(status_fd, "timeout")
+        if stopped is not None:
+            report(status_fd, stopped)
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
         return
-    if ended:
+    if stopped is None:
+        # Files written in the program's last moments, since the last sample (the namespaces level's
+        # tmpfs refuses them instead): a total past its limit is reported all the same.
+        stopped = counter.check()
+    if stopped is None:
         _, status, usage = os.wait4(child, 0)
         # After an `isolation` line from the program itself: the caller reads the first line only.
         report(status_fd, f"exit {os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime:.3f}")
     else:
-        report(status_fd, "timeout")
+        report(status_fd, stopped)
     try:  # noqa: SIM105 - contextlib would cost every call an import
         os.killpg(child, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

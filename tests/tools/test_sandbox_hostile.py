@@ -46,7 +46,7 @@ if request["deny_unshare"]:
     from tools.sandbox_child import seccomp_deny
     seccomp_deny(("unshare",))
 from tools.sandbox import PythonSandbox, SandboxLimits, SandboxUnavailable
-sandbox = PythonSandbox(SandboxLimits(isolation=request["level"], max_processes=32))
+sandbox = PythonSandbox(SandboxLimits(isolation=request["level"], max_processes=32, **request["limits"]))
 try:
     sandbox.check()
 except SandboxUnavailable as e:
@@ -438,10 +438,10 @@ def _reap(pids: set[int]) -> None:
             pass
 
 
-def _run_driver(context: Context, codes: list[str], secret: str) -> dict:
+def _run_driver(context: Context, codes: list[str], secret: str, limits: dict | None = None) -> dict:
     python = _interpreter() if context.uid is not None else sys.executable
     request = {"tools": str(REPO / "tools"), "level": context.level, "deny_unshare": context.deny_unshare,
-               "codes": codes}  # fmt: skip
+               "codes": codes, "limits": limits or {}}  # fmt: skip
 
     def as_uid() -> None:
         if context.uid is not None:
@@ -534,6 +534,358 @@ def test_hostile_programs_leave_the_host_untouched(host: Host, request: pytest.F
     assert not left, f"processes outlived the call: {left}"
     # Whatever the driver's sandbox left, running or a zombie, was adopted by this process.
     assert not adopted, f"processes or zombies outlived the call: {list(adopted.values())}"
+
+
+TOTALS = {"max_total_memory_mb": 100, "max_scratch_mb": 16}  # small: the suite runs beside training
+WITHIN = "[limit not reached]"
+REFUSED_LINE = "[refused]"
+# What a program needs to hold memory or files where /proc shows nothing; each refused at every level.
+MMAP = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long]
+"""
+
+
+def totals_attacks(tag: str) -> dict[str, str]:
+    """name -> program that exceeds a per-call total (TOTALS), each within every per-process and
+    per-file limit; each prints its scratch folder first, WITHIN if it got to the end, REFUSED_LINE if
+    the kernel refused the way it tried."""
+    start = f"import os, sys, time\nprint('scratch', os.getcwd(), {tag!r}, flush=True)\n"
+    return {
+        # Six processes (in sessions of their own) with 40 MB each: 240 MB, each far below memory_mb.
+        "memory": start
+        + f"""
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        held = bytearray(40 << 20)
+        for j in range(0, len(held), 4096):
+            held[j] = 1
+        time.sleep(1.5)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print({WITHIN!r})
+""",
+        # 200 MB held by a thread after the main thread has exited (pthread_exit), which leaves the
+        # process's own /proc entries empty.
+        "main_thread_gone": start
+        + f"""
+import ctypes, threading
+def hold():
+    time.sleep(0.3)  # the main thread is gone by then
+    held = [bytearray(50 << 20) for _ in range(4)]
+    time.sleep(1.5)
+    print({WITHIN!r}, flush=True)
+    os._exit(0)
+threading.Thread(target=hold).start()
+ctypes.CDLL(None).pthread_exit(None)
+""",
+        # 30 files of 8 MB (max_file_mb each) as fast as they go: 240 MB.
+        "files": start
+        + f"""
+for i in range(30):
+    with open(f"part{{i}}", "wb") as f:
+        f.write(b"x" * (8 << 20))
+    print("file", i, flush=True)
+print({WITHIN!r})
+""",
+        # Space no walk of scratch sees: memfds, files deleted while open, deleted files only mapped.
+        "memfds": start
+        + f"""
+held = []
+for i in range(30):
+    fd = os.memfd_create(f"m{{i}}")
+    os.write(fd, b"x" * (4 << 20))
+    held.append(fd)
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        "deleted": start
+        + f"""
+held = []
+for i in range(30):
+    f = open(f"d{{i}}", "wb")
+    f.write(b"x" * (4 << 20))
+    f.flush()
+    os.unlink(f"d{{i}}")
+    held.append(f)
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        "mapped": start
+        + MMAP
+        + f"""
+for i in range(10):
+    fd = os.open(f"m{{i}}", os.O_CREAT | os.O_RDWR)
+    os.write(fd, b"x" * (4 << 20))
+    libc.mmap(None, 4096, 1, 1, fd, 0)  # one page keeps all 4 MB of the file
+    os.close(fd)
+    os.unlink(f"m{{i}}")
+    time.sleep(0.05)  # never more than 4 MB with a name at once
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # A process the supervisor may not inspect (not dumpable) holds deleted files: root's supervisor
+        # still reads it; another user's stops the call, since it cannot count what it holds.
+        "undumpable": start
+        + f"""
+import ctypes
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+held = []
+for i in range(30):
+    f = open(f"u{{i}}", "wb")
+    f.write(b"x" * (4 << 20))
+    f.flush()
+    os.unlink(f"u{{i}}")
+    held.append(f)
+    time.sleep(0.02)
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # Files in a folder that its owner cannot list (write and search only): still counted.
+        "unlisted": start
+        + f"""
+os.mkdir("closed", 0o300)
+for i in range(4):
+    open(f"closed/{{i}}", "wb").write(b"x" * (8 << 20))
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # Empty files and folders in a deep tree: no bytes, but inodes, and work for every walk.
+        "empty": start
+        + f"""
+for i in range(200):
+    os.makedirs(f"t{{i}}/a/b/c", exist_ok=True)
+    for j in range(50):
+        open(f"t{{i}}/a/b/c/{{j}}", "w").close()
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # A tmpfs of its own in nested user and mount namespaces (unshare, or clone), through posix
+        # calls the python guards do not see.
+        "nested": start
+        + f"""
+import ctypes, posix
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+clone = 56 if os.uname().machine == "x86_64" else 220
+uid, gid = os.getuid(), os.getgid()
+if libc.unshare(0x10000000 | 0x00020000) != 0:
+    print("unshare", os.strerror(ctypes.get_errno()))
+    pid = libc.syscall(clone, 0x10000000 | 0x00020000 | 17, 0, 0, 0, 0)  # CLONE_NEWUSER | NEWNS | SIGCHLD
+    if pid < 0:
+        print("clone", os.strerror(ctypes.get_errno()))
+        print({REFUSED_LINE!r})
+        sys.exit(0)
+    if pid > 0:
+        os.waitpid(pid, 0)
+        sys.exit(0)
+for name, text in (("setgroups", "deny"), ("uid_map", f"0 {{uid}} 1"), ("gid_map", f"0 {{gid}} 1")):
+    fd = posix.open(f"/proc/self/{{name}}", posix.O_WRONLY)
+    posix.write(fd, text.encode())
+    posix.close(fd)
+posix.mkdir("mnt")
+assert libc.mount(b"tmpfs", b"mnt", b"tmpfs", 0, None) == 0, os.strerror(ctypes.get_errno())
+for i in range(30):
+    fd = posix.open(f"mnt/{{i}}", posix.O_WRONLY | posix.O_CREAT, 0o600)
+    posix.write(fd, b"x" * (8 << 20))
+    posix.close(fd)
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # Memory in System V shared memory, attached, filled and detached (it would outlive the call in
+        # the host's IPC namespace at the landlock level).
+        "sysv": start
+        + f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for i in range(4):
+    segment = libc.shmget(0, 64 << 20, 0o1600)
+    if segment < 0:
+        print("shmget", os.strerror(ctypes.get_errno()))
+        print({REFUSED_LINE!r})
+        sys.exit(0)
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 64 << 20)
+    libc.shmdt(ctypes.c_void_p(address))
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # memfds sent into a unix socket and closed: in flight, in no process's fd table.
+        "in_flight": start
+        + f"""
+import socket
+a, b = socket.socketpair()
+for i in range(30):
+    fd = os.memfd_create(f"f{{i}}")
+    os.write(fd, b"x" * (4 << 20))
+    try:
+        socket.send_fds(a, [b"x"], [fd])
+    except OSError as e:
+        print("send_fds", e.strerror)
+        print({REFUSED_LINE!r})
+        sys.exit(0)
+    os.close(fd)
+time.sleep(0.5)
+print({WITHIN!r})
+""",
+        # A thread with an fd table of its own (unshare(CLONE_FILES)), which /proc/PID/fd does not show.
+        "private_fds": start
+        + f"""
+import ctypes, threading
+libc = ctypes.CDLL(None, use_errno=True)
+def hold():
+    if libc.unshare(0x400) != 0:
+        print("unshare", os.strerror(ctypes.get_errno()))
+        print({REFUSED_LINE!r})
+        return
+    for i in range(30):
+        os.write(os.memfd_create(f"t{{i}}"), b"x" * (4 << 20))
+    time.sleep(0.5)
+    print({WITHIN!r})
+thread = threading.Thread(target=hold)
+thread.start()
+thread.join()
+""",
+        # Within every total: two processes of 20 MB, 8 MB of shared anonymous memory, an 8 MB file, and
+        # a 1 MB memfd mapped with its descriptor closed.
+        "within": start
+        + MMAP
+        + f"""
+import mmap
+if os.fork() == 0:
+    held = bytearray(20 << 20)
+    time.sleep(0.3)
+    os._exit(0)
+held = bytearray(20 << 20)
+shared = mmap.mmap(-1, 8 << 20)
+shared.write(b"x" * (8 << 20))
+open("data.bin", "wb").write(b"x" * (8 << 20))
+fd = os.memfd_create("small")
+os.write(fd, b"x" * (1 << 20))
+libc.mmap(None, 4096, 1, 1, fd, 0)
+os.close(fd)
+os.wait()
+print({WITHIN!r})
+""",
+    }
+
+
+def _sysv_segments() -> set[str]:
+    """The ids of System V shared memory segments in this IPC namespace."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {line.split()[1] for line in lines}
+
+
+def _run_and_inspect(context: Context, host: Host, programs: dict[str, str], limits: dict) -> dict:
+    """Runs `programs` in one driver at `context`, then checks the host: no scratch folder, process,
+    zombie or System V segment is left. Returns name -> ToolResult as a dict."""
+    me = os.getpid()
+    children_before = {p[0] for p in _processes() if p[1] == me}
+    segments_before = _sysv_segments()
+    with _adopting_orphans():
+        report = _run_driver(context, list(programs.values()), host.secret, limits)
+        adopted = {p[0]: p for p in _processes() if p[1] == me and p[0] not in children_before}
+    _reap(set(adopted))
+    assert "results" in report, report
+    results = dict(zip(programs, report["results"], strict=True))
+    scratches = [line.split()[1] for result in results.values() for line in result["output"].splitlines()
+                 if line.startswith("scratch ")]  # fmt: skip
+    assert len(scratches) == len(programs) and not any(Path(s).exists() for s in scratches)
+    assert not [p for p in _processes() if host.tag.encode() in p[4] and p[0] != host.canary_pid]
+    assert not adopted, f"processes or zombies outlived the call: {list(adopted.values())}"
+    assert _sysv_segments() <= segments_before, "a System V segment outlived the call"
+    return results
+
+
+@pytest.mark.parametrize("host", CONTEXTS, ids=[c.name for c in CONTEXTS], indirect=True)
+def test_per_call_totals_are_bounded(host: Host, request: pytest.FixtureRequest) -> None:
+    """Memory of all a call's processes together, and all the bytes its files take, stop the program
+    past the call's total, in words, at every level; every way to hold memory or files that the count
+    cannot see is refused; nothing is left in /tmp, running, or in System V memory."""
+    context: Context = request.node.callspec.params["host"]
+    why_not = context.usable()
+    if why_not:
+        pytest.skip(why_not)
+    results = _run_and_inspect(context, host, totals_attacks(host.tag), TOTALS)
+    out = {name: result["output"] for name, result in results.items()}
+
+    assert results["within"]["ok"] and out["within"].endswith(WITHIN + "\n"), out["within"]
+    for name in ("memory", "main_thread_gone"):
+        last = out[name].splitlines()[-1]
+        assert last == "[memory limit: the program's processes together used more than 100 MB; stopped]", out[
+            name
+        ]
+        assert results[name]["error"] == "memory_exceeded"
+    disk = "[disk limit: the program's files took more than 16 MB"
+    for name in ("files", "memfds", "deleted", "mapped", "unlisted", "empty"):
+        assert WITHIN not in out[name], (name, out[name])
+        # The supervisor's sample stops it ("; stopped]"), or the namespaces level's tmpfs refuses ("]").
+        assert out[name].splitlines()[-1].startswith(disk), (name, out[name])
+        assert results[name]["ok"] is False
+    written = [line for line in out["files"].splitlines() if line.startswith("file ")]
+    assert len(written) < 10, f"{len(written)} files of 8 MB were written before the program was stopped"
+    # Root's supervisor reads a process that is not dumpable; another user's stops it unread.
+    undumpable = out["undumpable"].splitlines()[-1]
+    if os.geteuid() == 0 and context.uid is None:
+        assert undumpable.startswith(disk), out["undumpable"]
+    else:
+        assert undumpable.startswith("[sandbox: a process of the program made itself impossible to inspect")
+    assert WITHIN not in out["undumpable"] and results["undumpable"]["ok"] is False
+    for name in ("nested", "sysv", "in_flight", "private_fds"):
+        assert REFUSED_LINE in out[name] and WITHIN not in out[name], (name, out[name])
+        assert "Operation not permitted" in out[name], (name, out[name])
+
+
+@pytest.mark.parametrize("host", CONTEXTS, ids=[c.name for c in CONTEXTS], indirect=True)
+def test_the_totals_of_issue_56_are_bounded_at_the_default_limits(
+    host: Host, request: pytest.FixtureRequest
+) -> None:
+    """Six children of 200 MB each (1.2 GB against max_total_memory_mb=512) and 30 files of 8 MB
+    written as fast as they go (240 MB against max_scratch_mb=64), at every level."""
+    context: Context = request.node.callspec.params["host"]
+    why_not = context.usable()
+    if why_not:
+        pytest.skip(why_not)
+    start = f"import os, time\nprint('scratch', os.getcwd(), {host.tag!r}, flush=True)\n"
+    programs = {
+        "memory": start
+        + f"""
+kids = []
+for i in range(6):
+    pid = os.fork()
+    if pid == 0:
+        held = b"x" * (200 << 20)
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+print({WITHIN!r})
+""",
+        "files": start
+        + f"""
+for i in range(30):
+    with open(f"part{{i}}", "wb") as f:
+        f.write(b"x" * (8 << 20))
+    print("file", i, flush=True)
+print({WITHIN!r})
+""",
+    }
+    results = _run_and_inspect(context, host, programs, {})
+    memory, files = results["memory"]["output"], results["files"]["output"]
+    assert memory.endswith("[memory limit: the program's processes together used more than 512 MB; stopped]")
+    assert files.splitlines()[-1].startswith("[disk limit: the program's files took more than 64 MB"), files
+    assert WITHIN not in memory + files
+    # 8 full files is the limit; the sample may let a few more through before it stops the program.
+    assert len([line for line in files.splitlines() if line.startswith("file ")]) < 16, files
 
 
 @pytest.mark.parametrize("context", REFUSED, ids=[c.name for c in REFUSED])
