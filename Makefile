@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 # The main job: a short real training run of the default experiment (on 2 CPU cores about 15-25 minutes:
 # docs/results/benchmarks.md).
 run: setup
-	$(VENV)/bin/meta-agent train experiment=arith_hierarchy
+	$(VENV)/bin/meta-agent train experiment=countdown_hierarchy
 
 # Everything but GPU tests: the fast suite and the slow tests on the real backbone.
 test: setup
