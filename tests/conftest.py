@@ -26,10 +26,18 @@ UNWATCHED = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
 def checkout_files(root: Path = CHECKOUT) -> set[str]:
-    """Every file under `root` outside the UNWATCHED folders, as a path relative to it."""
+    """Every file under `root` outside the UNWATCHED folders and the model cache (CI keeps
+    $META_AGENT_CACHE inside the clone), as a path relative to it."""
+    cache = os.path.realpath(os.environ.get("META_AGENT_CACHE", os.path.expanduser("~/.cache/meta-agent")))
     found = set()
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in UNWATCHED and not d.endswith(".egg-info")]
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in UNWATCHED
+            and not d.endswith(".egg-info")
+            and os.path.realpath(os.path.join(folder, d)) != cache
+        ]
         found.update(os.path.relpath(os.path.join(folder, name), root) for name in files)
     return found
 

@@ -15,3 +15,11 @@ def test_checkout_files_sees_new_files_outside_the_caches(tmp_path):
     (tmp_path / "runs" / "memory").mkdir(parents=True)
     (tmp_path / "runs" / "memory" / "memory.sqlite").write_text("x")
     assert checkout_files(tmp_path) - before == {"runs/memory/memory.sqlite"}
+
+
+def test_the_model_cache_inside_the_checkout_is_not_a_gained_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("META_AGENT_CACHE", str(tmp_path / ".cache" / "meta-agent"))
+    (tmp_path / ".cache" / "meta-agent").mkdir(parents=True)
+    (tmp_path / ".cache" / "meta-agent" / "model.safetensors").write_text("x")
+    (tmp_path / ".cache" / "other").write_text("x")
+    assert checkout_files(tmp_path) == {".cache/other"}

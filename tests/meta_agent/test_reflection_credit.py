@@ -198,7 +198,14 @@ def test_the_update_learns_from_reflections_unless_their_credit_is_none(
     monkeypatch.setattr(PolicyTrainer, "grpo_step", seen)
     run_dir = tmp_path / "run"
     overrides = [f"model.path={tiny_model_dir}", *TINY, "train.steps=1", "train.eval_limit=0"]
-    cfg = load_config([*overrides, f"grpo.reflection_credit={credit}", f"run_dir={run_dir}"])
+    cfg = load_config(
+        [
+            *overrides,
+            f"grpo.reflection_credit={credit}",
+            f"run_dir={run_dir}",
+            f"memory.path={tmp_path / 'memory'}",
+        ]
+    )
     train(cfg, run_dir, Ranks())
     episodes = [json.loads(line) for line in (run_dir / "traces.jsonl").read_text().splitlines()]
     kinds = [t["kind"] for ep in episodes for t in ep["turns"] if t["role"] == META_THINKER]
