@@ -123,3 +123,20 @@ def test_load_from_local_folder(tiny_backbone, tokenizer, input_ids, tmp_path):
     assert loaded.adapters == ("executor",) and loaded.device == torch.device("cpu")
     with loaded.disabled_adapters():
         assert torch.allclose(logits_of(loaded.model, input_ids), logits_of(base, input_ids), atol=1e-6)
+
+
+def test_the_lm_head_gets_a_contiguous_input(tiny_backbone):
+    """transformers hands the head a strided slice for logits_to_keep; torch's linear multiplied such a
+    slice by a copy of the weight per row. The head sees a contiguous input, at the same logits."""
+    seen = []
+    head = tiny_backbone.model.get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda _m, args: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(3, 200, (3, 9))
+    try:
+        with torch.no_grad():
+            last = tiny_backbone.model(input_ids=ids, logits_to_keep=1).logits[:, -1]
+            whole = tiny_backbone.model(input_ids=ids).logits[:, -1]
+    finally:
+        handle.remove()
+    assert seen == [True, True]
+    assert torch.allclose(last, whole, atol=1e-5)

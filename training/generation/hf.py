@@ -10,6 +10,7 @@ settings and torch.Generator, so a seeded request gives the same tokens whatever
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from training.backbone import BASE_ADAPTER, Backbone
+from training.generation.packed import PackedLinears
 from training.generation.prefix_cache import CachedPrefix, PrefixCache, common_prefix, weights_fingerprint
 from training.mixed_lora import RowAdapters
 from training.types import GenerationRequest, GenerationResult, repeats_at_end
@@ -81,6 +83,8 @@ class HFBackend:
         self.eos_ids = frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_ids(backbone)
         self.pad_id = backbone.pad_id
         self._rows: RowAdapters | None = None  # per-row adapters, while generate() runs
+        # bfloat16 CPU weights packed once for oneDNN (frozen: the adapters train, not the base)
+        self._packed = PackedLinears(backbone.model) if not backbone.sharded else nullcontext()
 
     @property
     def adapters(self) -> tuple[str, ...]:
@@ -108,7 +112,7 @@ class HFBackend:
         try:
             # FSDP's all-gather buffers outlive a pass: made inside inference mode, training could not use them.
             no_grad = torch.no_grad() if self.backbone.sharded else torch.inference_mode()
-            with no_grad, RowAdapters(model) as self._rows:
+            with no_grad, RowAdapters(model) as self._rows, self._packed:
                 for start in range(0, len(order), self.batch_size):
                     chunk = order[start : start + self.batch_size]
                     rows = [_Row(requests[i], generators[i]) for i in chunk]
@@ -194,7 +198,7 @@ class HFBackend:
     def prefill(self, requests: Sequence[GenerationRequest]) -> list[_State]:
         """Each request's prompt states and last logits, as `generate` computes them before its decode
         loop (measurements decode from them: bench/rollout.py). Call it under torch.inference_mode."""
-        with RowAdapters(self.backbone.model) as self._rows:
+        with RowAdapters(self.backbone.model) as self._rows, self._packed:
             try:
                 return self._prefill(list(requests))
             finally:
@@ -305,6 +309,9 @@ class HFBackend:
             [row.request.sampling.temperature or 1.0 for row in rows], device=logits.device
         )  # [B]; greedy rows keep raw logits
         logprobs = torch.log_softmax(logits / temperatures[:, None], dim=-1)  # [B, V]
+        # Every sampling row's candidates in one call: a row at a time took twice as long, same picks.
+        sampled = any(not row.done and row.request.sampling.temperature > 0 for row in rows)
+        top = logprobs.topk(min(NUCLEUS_CANDIDATES, logprobs.shape[-1]), dim=-1) if sampled else None
         picks = []
         for k, row in enumerate(rows):
             if row.done:
@@ -313,7 +320,9 @@ class HFBackend:
             if sampling.temperature == 0:
                 token = int(logits[k].argmax())
             else:
-                token = _sample_top_p(logprobs[k], sampling.top_p, row.generator)
+                token = _sample_top_p(
+                    logprobs[k], sampling.top_p, row.generator, top=(top.values[k], top.indices[k])
+                )
             picks.append((k, token, float(logprobs[k, token])))
         return picks
 
@@ -352,7 +361,11 @@ class HFBackend:
 
 
 def _sample_top_p(
-    logprobs: torch.Tensor, top_p: float, generator: torch.Generator, candidates: int = NUCLEUS_CANDIDATES
+    logprobs: torch.Tensor,
+    top_p: float,
+    generator: torch.Generator,
+    candidates: int = NUCLEUS_CANDIDATES,
+    top: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> int:
     """Sample one token from the smallest set of tokens whose probability reaches top_p; logprobs: [V]
     (normalised: a log_softmax).
@@ -365,10 +378,12 @@ def _sample_top_p(
     candidates (else the whole vocabulary is raced); with top_p = 1 one uniform draw first picks the
     candidates with their total probability, or else the rest. The candidates race in token-id order,
     each step drawing the same numbers whatever the nucleus, so near-tied tokens that swap rank between
-    batch layouts keep their own noise.
+    batch layouts keep their own noise. `top`: the row's candidates (values, indices, most likely first)
+    when the caller took every row's at once.
     """
-    top = logprobs.topk(min(candidates, logprobs.numel()))  # most likely first
-    values = top.values
+    if top is None:
+        top = logprobs.topk(min(candidates, logprobs.numel()))  # most likely first
+    values, indices = top
     if top_p < 1.0:
         probs = values.exp()
         if float(probs.sum()) < top_p:  # the nucleus reaches beyond the candidates: race the whole vocabulary
@@ -381,11 +396,11 @@ def _sample_top_p(
         u = float(torch.rand((), generator=generator, device=generator.device, dtype=torch.float64))
         rest = 1.0 - float(values.double().exp().sum())  # the probability outside the candidates
         if values.numel() < logprobs.numel() and u < rest:
-            others = logprobs.index_fill(0, top.indices, -torch.inf)
+            others = logprobs.index_fill(0, indices, -torch.inf)
             if bool(torch.isfinite(others).any()):  # rounding can leave `rest` > 0 where nothing is
                 return _race(others, generator)
-    order = top.indices.argsort()  # token-id order
-    return int(top.indices[order][_race(values[order], generator)])
+    order = indices.argsort()  # token-id order
+    return int(indices[order][_race(values[order], generator)])
 
 
 def _race(logprobs: torch.Tensor, generator: torch.Generator) -> int:
