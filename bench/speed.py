@@ -179,7 +179,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from bench.common import RESULTS_DIR, machine_info, write_result
 
     started = time.perf_counter()
-    machine = machine_info()  # before the runs: the load they start under
+    import torch
+
+    # Before the runs: the load they start under, and the kernels torch picks on this CPU.
+    machine = machine_info(torch=torch.__version__, cpu_capability=torch.backends.cpu.get_cpu_capability())
     with tempfile.TemporaryDirectory(prefix="bench-speed-") as tmp:
         tmp = Path(tmp)
         baseline_tree = extract(args.baseline, tmp)
@@ -227,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "sampled_agreement": [
             agreement(a, b) for a, b in zip(rounds["this"], rounds["baseline"], strict=True)
         ],
+        # Measured elsewhere (bench.trl_grpo, make run): this bench times rollouts only.
+        "update_speedup": None,
+        "main_job_seconds_bfloat16": None,
+        "main_job_seconds_float32": None,
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine,
     }
