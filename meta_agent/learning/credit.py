@@ -104,7 +104,7 @@ def revision_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind
             k = turn.round
             if k >= len(ep.rounds) or ep.rounds[k].correct:
                 continue  # it judged nothing, or judged a right answer: nothing to retry
-            if k + 1 >= ep.limits.max_rounds:
+            if not can_change_outcome(ep, turn):
                 continue  # no round after it: its verdict could not be carried out
             fixed = ep.rounds[k].verdict == REVISE and k + 1 < len(ep.rounds) and ep.rounds[k + 1].correct
             rows.append(turn)
