@@ -21,27 +21,24 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from training.grpo import kl_k3 as grpo_kl_k3
 from training.types import Turn
 
 
 def kl_k3(start: Sequence[float], now: Sequence[float], mask: Sequence[int]) -> tuple[float, int]:
-    """(sum over the tokens where `mask` is 1 of (r - 1) - log r, r = exp(now - start); how many tokens).
+    """(sum over the tokens where `mask` is 1 of training.grpo.kl_k3, (r - 1) - log r with
+    r = exp(now - start); how many tokens).
 
     kl_k3([0.0], [math.log(0.5)], [1]) -> (0.5 - 1 - log 0.5, 1) = (0.1931..., 1)."""
-    total, n = 0.0, 0
-    for a, b, m in zip(start, now, mask, strict=True):
-        if m:
-            d = b - a
-            total += math.expm1(d) - d
-            n += 1
-    return total, n
+    learned = torch.tensor(mask, dtype=torch.bool)
+    per_token = grpo_kl_k3(torch.tensor(start, dtype=torch.float64), torch.tensor(now, dtype=torch.float64))
+    return float(per_token[learned].sum()), int(learned.sum())
 
 
 def flat_cosine(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     """The cosine between two lists of tensors read as one vector each; 0 when either is all zeros."""
     dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b, strict=True))
-    na = math.sqrt(sum(float(x.double().pow(2).sum()) for x in a))
-    nb = math.sqrt(sum(float(y.double().pow(2).sum()) for y in b))
+    na, nb = flat_norm(a), flat_norm(b)
     return dot / (na * nb) if na > 0 and nb > 0 else 0.0
 
 
