@@ -116,7 +116,7 @@ REFLECTION_TARGETS = {
 }
 # What the code trains, beside its settings: changed with any change to the code that alters what a seed
 # learns (a reward, a loss, a sampler), so that the fingerprint keeps seeds of older code out of the means.
-TRAINING_REVISION = "2026-12-07: a reflection with no round left after it is never trained (issue 54)"
+TRAINING_REVISION = "2026-12-07b: a broken reflection pays its own format_penalty (round credit)"
 # The same for the demonstrations SFT plays, per `sft.source` (a source not named here: unchanged since
 # fingerprints began), so that new demonstrations of one task keep that task's older seeds out of its
 # means and leave the other task's seeds alone.

@@ -73,7 +73,8 @@ def is_reflection(episode: Episode, turn: TurnRecord) -> bool:
 
 def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
     """Each meta-thinker reflect turn's advantage from its own round's credit (what its verdict did to
-    correctness, weighted by the role's reward spec), normalised among the reflections of the same role,
+    correctness, weighted by the role's reward spec, minus its format_penalty where the reflection broke
+    its tags or ran out of tokens before its verdict), normalised among the reflections of the same role,
     task and round in this rollout."""
     rows, credits, keys = [], [], []
     for ep in episodes:
@@ -84,7 +85,9 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
             if turn.round >= len(graded):
                 continue  # the episode ended inside this reflection: it judged nothing
             rows.append(turn)
-            credits.append(round_reflection_reward(ep.roles[turn.role].reward, graded, turn.round))
+            spec = ep.roles[turn.role].reward
+            broken = 0.0 if turn.format_ok else spec.format_penalty  # its own: not the plan's to pay
+            credits.append(round_reflection_reward(spec, graded, turn.round) - broken)
             keys.append((turn.role, ep.task.id, REFLECT, turn.round))
     for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
         turn.advantage = advantage

@@ -122,6 +122,22 @@ def test_round_credit_gives_each_reflection_its_own_advantage(make_episode):
     assert [t.advantage for t in reflect[1]] == pytest.approx([-0.5, -0.25])
 
 
+def test_round_credit_charges_a_broken_reflection_its_own_format_penalty(make_episode):
+    """A reflection cut at its token budget before its verdict (format_ok false) pays format_penalty
+    in its round credit: under round credit the episode's penalty reaches only the plan."""
+    episodes = [two_rounds(make_episode, False), two_rounds(make_episode, False)]
+    for ep in episodes:
+        ep.roles["meta_thinker"] = replace(ep.roles["meta_thinker"], reward=SPEC)  # format_penalty 0.2
+    first_reflection = next(t for t in episodes[1].turns if t.kind == "reflect")
+    first_reflection.format_ok = False
+    assign_advantages(episodes, scale=False, reflection_credit="round")
+    reflect = [[t for t in ep.turns if t.kind == "reflect"] for ep in episodes]
+    # Round 1: both revised in vain (credit 0); the second broke its format: [0, -0.2] -> +0.1, -0.1.
+    assert [reflect[0][0].advantage, reflect[1][0].advantage] == pytest.approx([0.1, -0.1])
+    # The second round's reflections cannot change the outcome and are left as the episode's.
+    assert reflect[0][1].advantage == reflect[1][1].advantage
+
+
 def test_round_credit_needs_a_reflection_weight():
     with pytest.raises(SettingError, match="grpo.reflection_credit=round credits each reflection"):
         load_config(["grpo.reflection_credit=round"])
