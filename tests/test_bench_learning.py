@@ -283,6 +283,8 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
         "protocol.attempt_check",
         "grpo.penalty_only_groups",
         "tools.sandbox.max_total_memory_mb",
+        "roles.meta_thinker.reward.revise_same_plan_penalty",
+        "roles.executor.reward.revise_same_plan_penalty",
     }
     for neutral in ("protocol.final_reflection=true", "protocol.attempt_check=false"):
         assert settings_of("arith_hierarchy", [neutral]) == same

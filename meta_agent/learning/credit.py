@@ -74,8 +74,9 @@ def is_reflection(episode: Episode, turn: TurnRecord) -> bool:
 def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:
     """Each meta-thinker reflect turn's advantage from its own round's credit (what its verdict did to
     correctness, weighted by the role's reward spec, minus its format_penalty where the reflection broke
-    its tags or ran out of tokens before its verdict), normalised among the reflections of the same role,
-    task and round in this rollout."""
+    its tags or ran out of tokens before its verdict, and its revise_same_plan_penalty where it revised
+    and the next round's plan is the same), normalised among the reflections of the same role, task and
+    round in this rollout."""
     rows, credits, keys = [], [], []
     for ep in episodes:
         graded = [(r.correct, r.verdict) for r in ep.rounds]
@@ -87,10 +88,22 @@ def round_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: s
             rows.append(turn)
             spec = ep.roles[turn.role].reward
             broken = 0.0 if turn.format_ok else spec.format_penalty  # its own: not the plan's to pay
-            credits.append(round_reflection_reward(spec, graded, turn.round) - broken)
+            same = spec.revise_same_plan_penalty if repeats_plan(ep, turn.round) else 0.0
+            credits.append(round_reflection_reward(spec, graded, turn.round) - broken - same)
             keys.append((turn.role, ep.task.id, REFLECT, turn.round))
     for turn, advantage in zip(rows, advantages(credits, keys, kind, scale=scale), strict=True):
         turn.advantage = advantage
+
+
+def repeats_plan(episode: Episode, k: int) -> bool:
+    """Whether round k's reflection revised and round k + 1 carried out the same plan as round k."""
+    rounds = episode.rounds
+    return (
+        rounds[k].verdict == REVISE
+        and k + 1 < len(rounds)
+        and rounds[k].plan is not None
+        and rounds[k + 1].plan == rounds[k].plan
+    )
 
 
 def revision_advantages(episodes: Sequence[Episode], *, scale: bool = True, kind: str = "grpo") -> None:

@@ -11,7 +11,7 @@ import pytest
 from meta_agent.config import load_config
 from meta_agent.episode.reward import score
 from meta_agent.errors import SettingError
-from meta_agent.learning.credit import assign_advantages
+from meta_agent.learning.credit import assign_advantages, repeats_plan
 from roles import META_THINKER, Outcome, RewardSpec, reflection_reward, role_reward, round_reflection_reward
 from tests.meta_agent.conftest import PLAN, REFLECTION, TASK, answer
 from tests.meta_agent.test_rounds import CALC, REVISE, WRONG
@@ -136,6 +136,33 @@ def test_round_credit_charges_a_broken_reflection_its_own_format_penalty(make_ep
     assert [reflect[0][0].advantage, reflect[1][0].advantage] == pytest.approx([0.1, -0.1])
     # The second round's reflections cannot change the outcome and are left as the episode's.
     assert reflect[0][1].advantage == reflect[1][1].advantage
+
+
+def test_round_credit_charges_a_revision_that_repeats_the_plan(make_episode):
+    """revise_same_plan_penalty: a revision whose next round carries out the plan before, word for word,
+    pays it in its round credit; one that changed the plan does not."""
+    same = "<reflection>it guessed</reflection><lesson>compute</lesson>" + PLAN
+    episodes = []
+    for revise in (REVISE, same):
+        ep = make_episode("hierarchy")  # max_rounds=2
+        for action in (PLAN, answer(WRONG), revise, answer(WRONG), REFLECTION):
+            ep.advance_text(action)
+        ep.roles["meta_thinker"] = replace(ep.roles["meta_thinker"], reward=SPEC)
+        score([ep])
+        episodes.append(ep)
+    assert [repeats_plan(ep, 0) for ep in episodes] == [False, True]
+    assign_advantages(episodes, scale=False, reflection_credit="round")
+    first = [next(t for t in ep.turns if t.kind == "reflect").advantage for ep in episodes]
+    assert first == [0.0, 0.0]  # the penalty is 0 by default: both revised in vain alike
+    for ep in episodes:
+        ep.roles["meta_thinker"] = replace(
+            ep.roles["meta_thinker"], reward=replace(SPEC, revise_same_plan_penalty=0.5)
+        )
+    assign_advantages(episodes, scale=False, reflection_credit="round")
+    first = [next(t for t in ep.turns if t.kind == "reflect").advantage for ep in episodes]
+    assert first == pytest.approx([0.25, -0.25])  # credits [0, -0.5] less their mean
+    with pytest.raises(SettingError, match="revise_same_plan_penalty is read only by round credit"):
+        load_config(["roles.meta_thinker.reward.revise_same_plan_penalty=0.5"])
 
 
 def test_round_credit_needs_a_reflection_weight():
