@@ -216,9 +216,11 @@ def run(experiment: str, overrides: Sequence[str], tag: str) -> tuple[dict[str, 
 # Sections training never reads (eval and solve do): left out of every fingerprint.
 UNREAD = ("planner",)
 # Settings of how the same gradient is computed, not of what is trained: at any value they change only the
-# order of floating-point sums (as the CPU's dtype and kernels do), so they are left out of every
-# fingerprint. train.shared_prefix: tests/training/test_shared_prefix.py, bench/results/shared_prefix.json.
-HOW_COMPUTED = ("train.shared_prefix",)
+# order of floating-point sums (as the CPU's dtype and kernels do), so every value fingerprints alike: left
+# out, or fingerprinted as the value every recorded seed had (None: left out). train.shared_prefix:
+# tests/training/test_shared_prefix.py, bench/results/shared_prefix.json; train.micro_batch_size (came
+# later; the recorded seeds trained one turn a pass): tests/training/test_trainer.py, bench/results/micro_batch.json.
+HOW_COMPUTED = {"train.shared_prefix": None, "train.micro_batch_size": 1}
 # Settings added later of what is measured beside the training, which nothing trained reads: left out of
 # every fingerprint too. train.eval_base (the untrained policy's evaluation; tests/meta_agent/test_training_evaluations.py):
 # a seed without it has `base` None, and the mean of `base` is over the seeds that have one.
@@ -259,14 +261,19 @@ def without_neutral(settings: dict) -> dict:
     for key in UNREAD:
         out.pop(key, None)
 
-    def drop(key: str) -> None:
+    def drop(key: str, value=None) -> None:
         *parents, leaf = key.split(".")
         node = out
         for part in parents:
             node = node.get(part, {})
-        node.pop(leaf, None)
+        if value is None:
+            node.pop(leaf, None)
+        elif leaf in node:
+            node[leaf] = value
 
-    for key in (*HOW_COMPUTED, *NOT_TRAINED):
+    for key, value in HOW_COMPUTED.items():
+        drop(key, value)
+    for key in NOT_TRAINED:
         drop(key)
     for key, neutral in NEUTRAL.items():
         if isinstance(neutral, tuple):  # (setting, its value or values that leave `key` unread)

@@ -52,6 +52,14 @@ def episode_batches(turns: list[Turn], size: int, steps: int) -> list[list[Turn]
     return [[t for e in order[i * size : (i + 1) * size] for t in episodes[e]] for i in range(steps)]
 
 
+def rollout_note(cfg) -> str:
+    """What the timed GRPO update trained on, in the results' settings."""
+    return (
+        f"{cfg.train.tasks_per_step} tasks x G={cfg.train.group_size}, step 1's tasks and seed, every turn "
+        "kept (no zero-variance filter)"
+    )
+
+
 def timed_step(
     trainer: PolicyTrainer, kind: str, turns: list[Turn], shared: bool
 ) -> tuple[float, dict, dict]:
@@ -167,8 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
             "dtype": str(system.backbone.model.dtype),
             "micro_batch_size": cfg.train.micro_batch_size,
             "sft_batch_size": cfg.sft.batch_size,
-            "grpo_rollout": f"{cfg.train.tasks_per_step} tasks x G={cfg.train.group_size}, step 1's tasks and "
-            "seed, every turn kept (no zero-variance filter)",
+            "grpo_rollout": rollout_note(cfg),
             "repeats": args.repeats,
             "order": "arms alternate each round after an untimed warm-up round; medians",
         },

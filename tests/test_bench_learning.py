@@ -252,6 +252,7 @@ def test_a_setting_added_later_at_its_neutral_value_leaves_the_fingerprint_as_it
     # how the same gradient is computed is no setting of what is trained: either value, one fingerprint
     assert settings_of("arith_hierarchy", ["train.shared_prefix=false"]) == same
     assert settings_of("arith_hierarchy", ["train.shared_prefix=true"]) == same
+    assert settings_of("arith_hierarchy", ["train.micro_batch_size=4"]) == same
     # ...nor is whether the untrained policy is evaluated, which nothing trained reads
     assert settings_of("arith_hierarchy", ["train.eval_base=true"]) == same
     assert settings_of("arith_hierarchy", ["train.eval_base=false"]) == same
