@@ -1,7 +1,7 @@
 """What `train.micro_batch_size` costs or saves in the main job's steps, on the real backbone.
 
-    python -m bench.micro_batch adapters=runs/<run>/checkpoints/sft-best     # about 8 minutes on 2 cores
-    python -m bench.micro_batch --sizes 1,2 --sft-steps 1 --repeats 1 train.tasks_per_step=1 --out /tmp/mb.json
+    python -m bench.micro_batch adapters=runs/<run>/checkpoints/sft-best     # about 6 minutes on 2 bf16 cores
+    python -m bench.micro_batch --sizes 1,2 --sft-steps 1 --repeats 1 model.dtype=float32 adapters=...  # float32
 
 Each micro-batch size of `--sizes` (turns per forward and backward pass, padded to the longest) is an arm,
 timed on two kinds of step of `--experiment` (default: the main job's, countdown_hierarchy), with its
